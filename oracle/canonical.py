@@ -50,6 +50,7 @@ class QuantizedWeight:
         expect(q.dim() == 2, "q", "a 2-D tensor [N, K]", describe(q))
         n, k = q.shape
         expect(n > 0 and k > 0, "q", "non-empty [N, K]", describe(q))
+        expect_same_device(q=q, scales=self.scales, zeros=self.zeros, g_idx=self.g_idx)
         g = resolve_group_size(self.group_size, k)
         if self.g_idx is None:
             expect(k % g == 0, "group_size", f"a divisor of K={k} (or -1)", str(self.group_size))
@@ -63,7 +64,6 @@ class QuantizedWeight:
         expect_nibbles(q, "q")
         if self.g_idx is not None:
             validate_g_idx(self.g_idx, k, g)
-        expect_same_device(q=q, scales=self.scales, zeros=self.zeros, g_idx=self.g_idx)
 
     @property
     def n(self) -> int:

@@ -4,8 +4,14 @@ With A = |x| @ |W|^T, Q = sqrt(x^2 @ (W^2)^T), u_o the output dtype's unit round
 the dtype the kernel dequantizes into (0 when exact), c_w the roundings in its dequant chain and
 u_a = 2^-23 for fp32 accumulation:
 
-    hard  = u_o |y| + (1 + u_o) ((c_w u_w + K u_a) A) + eta              (never flakes)
-    tight = u_o |y| + (1 + u_o) 6 (c_w u_w Q + sqrt(K) u_a A) + eta      (the default verdict)
+    hard  = u_o |y| + (1 + u_o) (u_w D_A + K u_a A) + eta              (never flakes)
+    tight = u_o |y| + (1 + u_o) 6 (u_w D_Q + sqrt(K) u_a A) + eta      (the default verdict)
+
+D is the dequant chain's error magnitude. For (q - z) * s (c_w = 1) it is one rounding of W:
+D_A = A, D_Q = Q. Forms with more roundings (c_w >= 2: q * s + (-z * s), float zeros) round
+intermediates up to 15 |s| each, which can dwarf W when q and z nearly cancel, so
+D_A = A + 30 (c_w - 1) A_s and D_Q = Q + 30 (c_w - 1) Q_s, with A_s, Q_s the same sums over |s|.
+(DESIGN.md's c_w u_w A is this with the cancellation ignored; seeds with q ~ z break it.)
 
 The (1 + u_o) factor is there because the kernel rounds its own inexact sum, not y. eta covers
 underflow in the output dtype. In fp32 reference mode the reference's own error is added.
@@ -48,8 +54,11 @@ def error_bounds(ref: Reference, dequant_dtype: torch.dtype | None, dequant_roun
     eta = fi.tiny * fi.eps + ref.k * 2.0**-149
     y, a, q = ref.y.double().abs(), ref.abs_dot.double(), ref.rms_dot.double()
     k = ref.k
-    hard_acc = (dequant_roundings * u_w + k * U_ACC) * a
-    tight_acc = TIGHT_SIGMAS * (dequant_roundings * u_w * q + math.sqrt(k) * U_ACC * a)
+    spread = 30 * (dequant_roundings - 1)
+    d_a = a + spread * ref.abs_scale_dot.double() if spread else a
+    d_q = q + spread * ref.rms_scale_dot.double() if spread else q
+    hard_acc = u_w * d_a + k * U_ACC * a
+    tight_acc = TIGHT_SIGMAS * (u_w * d_q + math.sqrt(k) * U_ACC * a)
     if ref.accumulate == torch.float32:
         hard_acc = hard_acc + k * U_ACC * a
         tight_acc = tight_acc + TIGHT_SIGMAS * math.sqrt(k) * U_ACC * a

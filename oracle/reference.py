@@ -22,6 +22,8 @@ class Reference:
     y_out:     activation dtype [M, N], y rounded once.
     abs_dot:   A = |x| @ |W|^T, same dtype as y [M, N]; scales the accumulation error.
     rms_dot:   Q = sqrt(x^2 @ (W^2)^T), same dtype as y [M, N]; scales random-sign roundoff.
+    abs_scale_dot, rms_scale_dot: the same with |s[n, g(k)]| in place of |W[n, k]|; they scale
+               the error of dequant forms whose intermediates (q * s, z * s) are larger than W.
     k:         the reduction length K.
     accumulate: torch.float64 (exact to well under one fp32 ulp) or torch.float32 (fast GPU mode;
                its own error is added to the bounds by the error model).
@@ -31,6 +33,8 @@ class Reference:
     y_out: torch.Tensor
     abs_dot: torch.Tensor
     rms_dot: torch.Tensor
+    abs_scale_dot: torch.Tensor
+    rms_scale_dot: torch.Tensor
     k: int
     accumulate: torch.dtype
 
@@ -71,7 +75,13 @@ def reference_matmul(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tenso
     if bias is not None:
         y += bias.to(accumulate)
         abs_dot += bias.to(accumulate).abs()
-    return Reference(y, y.to(x.dtype), abs_dot, sq_dot.sqrt(), weight.k, accumulate)
+    # Per-group sums of |x| and x^2 turn the scale terms into [M, groups] @ [groups, N] products.
+    gi = weight.group_index()
+    x_abs_g = torch.zeros(m, weight.num_groups, dtype=accumulate, device=x.device).index_add_(1, gi, x_abs)
+    x_sq_g = torch.zeros_like(x_abs_g).index_add_(1, gi, x_sq)
+    s = weight.scales.to(accumulate).abs()
+    return Reference(y, y.to(x.dtype), abs_dot, sq_dot.sqrt(), x_abs_g @ s.t(), (x_sq_g @ (s * s).t()).sqrt(),
+                     weight.k, accumulate)
 
 
 def plain_torch_matmul(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 from ..canonical import QuantizedWeight
 from ..errors import expect_tensor
 from . import nibbles
-from .common import reject_act_order, require_multiple, symmetric_zeros
+from .common import reject_act_order, require_multiple, require_tensors, symmetric_zeros
 
 NAME = "AutoAWQ GEMM"
 
@@ -30,6 +30,8 @@ def to_awq(w: QuantizedWeight) -> dict[str, torch.Tensor]:
 
 
 def from_awq(tensors: Mapping[str, torch.Tensor], group_size: int, symmetric: bool = False) -> QuantizedWeight:
+    """qzeros may be absent only when `symmetric` (asymmetric without it would read as z = 8)."""
+    require_tensors(tensors, ("qweight", "scales") if symmetric else ("qweight", "qzeros", "scales"), NAME)
     qweight = expect_tensor(tensors["qweight"], f"{NAME} qweight", dtypes=nibbles.PACKED_DTYPES,
                             shape=(None, None), layout_hint="[K, N/8] packed along N")
     k, n = qweight.shape[0], qweight.shape[1] * 8

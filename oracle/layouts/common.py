@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 
 from ..canonical import QuantizedWeight
-from ..errors import CheckpointError, LayoutError
+from ..errors import CheckpointError, LayoutError, expect_same_device
 
 
 def reject_act_order(w: QuantizedWeight, layout: str) -> None:
@@ -28,3 +30,13 @@ def symmetric_zeros(zeros: torch.Tensor, layout: str) -> None:
         raise CheckpointError(
             f"{layout}: declared symmetric, so every zero point must be 8, got {bad} other value(s)"
         )
+
+
+def require_tensors(tensors: Mapping[str, torch.Tensor], names: Sequence[str], layout: str) -> None:
+    """Every named tensor is present (a missing one would otherwise be a bare KeyError or, worse, a
+    silently different reading), and all given tensors share one device."""
+    missing = [name for name in names if name not in tensors]
+    if missing:
+        raise LayoutError(f"{layout}: expected tensors {', '.join(names)}, missing {', '.join(missing)} "
+                          f"(got {', '.join(sorted(tensors)) or 'none'})")
+    expect_same_device(**{name: t for name, t in tensors.items() if isinstance(t, torch.Tensor)})

@@ -17,7 +17,7 @@ import torch
 from ..canonical import QuantizedWeight
 from ..errors import LayoutError, expect_tensor
 from . import nibbles
-from .common import require_multiple
+from .common import require_multiple, require_tensors
 
 NAME = "compressed-tensors pack-quantized"
 
@@ -38,6 +38,8 @@ def to_compressed_tensors(w: QuantizedWeight) -> dict[str, torch.Tensor]:
 
 
 def from_compressed_tensors(tensors: Mapping[str, torch.Tensor], group_size: int) -> QuantizedWeight:
+    """Asymmetric when weight_zero_point is present, symmetric (z = 8) otherwise."""
+    require_tensors(tensors, ("weight_packed", "weight_scale"), NAME)
     packed = expect_tensor(tensors["weight_packed"], f"{NAME} weight_packed", dtypes=nibbles.PACKED_DTYPES,
                            shape=(None, None), layout_hint="[N, K/8] packed along K")
     n, k = packed.shape[0], packed.shape[1] * 8

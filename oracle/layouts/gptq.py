@@ -17,7 +17,7 @@ import torch
 from ..canonical import QuantizedWeight
 from ..errors import CheckpointError, LayoutError, expect_tensor
 from . import nibbles
-from .common import require_multiple, symmetric_zeros
+from .common import require_multiple, require_tensors, symmetric_zeros
 
 NAME = "GPTQ"
 
@@ -45,6 +45,7 @@ def from_gptq(tensors: Mapping[str, torch.Tensor], group_size: int, version: int
               symmetric: bool = False) -> QuantizedWeight:
     check_version(version)
     layout = f"{NAME} v{version}"
+    require_tensors(tensors, ("qweight", "qzeros", "scales"), layout)
     qweight = expect_tensor(tensors["qweight"], f"{layout} qweight", dtypes=nibbles.PACKED_DTYPES,
                             shape=(None, None), layout_hint="[K/8, N] packed along K")
     k, n = qweight.shape[0] * 8, qweight.shape[1]
@@ -70,7 +71,8 @@ def from_gptq(tensors: Mapping[str, torch.Tensor], group_size: int, version: int
     if g_idx is not None:
         expect_tensor(g_idx, f"{layout} g_idx", dtypes=(torch.int32, torch.int64), shape=(k,))
         g = k if group_size == -1 else group_size
-        if torch.equal(g_idx.long().cpu(), torch.arange(k) // g):
+        # Trivial g_idx is dropped, unless K % G != 0: canonical form then needs it for ceil(K/G) groups.
+        if k % g == 0 and torch.equal(g_idx.long().cpu(), torch.arange(k) // g):
             g_idx = None
     return QuantizedWeight(nibbles.unpack(qweight, 0).t().contiguous(), scales.t().contiguous(), zeros,
                         group_size, g_idx)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..canonical import ACTIVATION_DTYPES, QuantizedWeight
-from ..errors import LayoutError, describe, expect_tensor
+from ..errors import LayoutError, describe, expect_nibbles, expect_same_device, expect_tensor
 from . import nibbles
 from .common import reject_act_order, require_multiple
 
@@ -58,6 +58,7 @@ def check_packed_zero_points(packed: object, n: int | None = None, groups: int |
 def zero_points_to_float(zeros: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """uint8 [N, groups] -> the unpacked activation-dtype form [N, groups]."""
     expect_tensor(zeros, "zero points", dtypes=(torch.uint8,), shape=(None, None))
+    expect_nibbles(zeros, "zero points")
     expect_tensor(torch.empty(0, dtype=dtype), "unpacked zero-point dtype", dtypes=ACTIVATION_DTYPES)
     return zeros.to(dtype)
 
@@ -86,6 +87,7 @@ def to_kernel_layout(w: QuantizedWeight, act_dtype: torch.dtype) -> KernelWeight
 def from_kernel_layout(kw: KernelWeights) -> QuantizedWeight:
     expect_tensor(kw.qweight, f"{NAME} qweight", dtypes=nibbles.PACKED_DTYPES, shape=(None, None),
                   layout_hint="[N, K/8] packed along K")
+    expect_same_device(qweight=kw.qweight, scales=kw.scales, zeros=kw.zeros)
     zeros = None
     if kw.zeros is not None:
         check_packed_zero_points(kw.zeros, kw.qweight.shape[0], kw.scales.shape[1])

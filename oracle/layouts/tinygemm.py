@@ -4,8 +4,9 @@ weight_uint8:     uint8 [N, K/2], even k in the high nibble; `aten._convert_weig
                   weight_uint8, innerKTiles)` then makes the opaque tiled tensor.
 scales_and_zeros: bfloat16 [K/G, N, 2]: (scale, zero) with a float zero in the weight domain,
                   W = (q - 8) * s + zero, so zero = (8 - z) * s rounded to bf16.
-The bf16 rounding of zero loses bits, but z stays recoverable: the rounding error of (8 - z) * s
-is below s * 2^-6, far under the s / 2 that separates neighbouring z.
+The bf16 rounding of zero loses bits, but z stays recoverable: |8 - z| <= 8 and bf16 rounds with
+relative error <= 2^-8, so the error of (8 - z) * s is at most 7 * 2^-8 * |s| (8 * s is exact), far
+under the |s| / 2 that separates neighbouring z. (s = 0, or s so large that 7 * s overflows, loses z.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from ..canonical import QuantizedWeight
 from ..errors import CheckpointError, expect_tensor
-from .common import reject_act_order, require_multiple, symmetric_zeros
+from .common import reject_act_order, require_multiple, require_tensors, symmetric_zeros
 
 NAME = "tinygemm"
 
@@ -33,6 +34,7 @@ def to_tinygemm(w: QuantizedWeight) -> dict[str, torch.Tensor]:
 
 
 def from_tinygemm(tensors: Mapping[str, torch.Tensor], group_size: int, symmetric: bool = False) -> QuantizedWeight:
+    require_tensors(tensors, ("weight_uint8", "scales_and_zeros"), NAME)
     wu8 = expect_tensor(tensors["weight_uint8"], f"{NAME} weight_uint8", dtypes=(torch.uint8,), shape=(None, None),
                         layout_hint="[N, K/2], even k in the high nibble")
     n = wu8.shape[0]
