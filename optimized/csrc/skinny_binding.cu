@@ -1,0 +1,130 @@
+// Torch binding of the skinny kernel: the CUDA (and, hipified, ROCm) implementation of the op
+// w4a16::skinny_matmul, whose schema and fake implementation live in optimized/skinny.py.
+// Every contract violation is a TORCH_CHECK here too, for callers that reach the op directly.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "skinny_core.cuh"
+
+namespace {
+
+bool is_packed_dtype(at::ScalarType t) { return t == at::kInt || t == at::ScalarType::UInt32; }
+
+bool is_byte_dtype(at::ScalarType t) { return t == at::kChar || t == at::kByte; }
+
+// Whether a pointer and a row stride (in elements of `elem` bytes) keep every row 16-byte aligned.
+bool rows_aligned(const void* ptr, int64_t row_stride, int64_t rows, int64_t elem) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (rows == 1 || row_stride * elem % 16 == 0);
+}
+
+at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                              const std::optional<at::Tensor>& zeros, int64_t group_size,
+                              const std::optional<at::Tensor>& bias, c10::string_view engine) {
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16),
+              "skinny_matmul: x must be float16 or bfloat16 [M, K], got ", x.scalar_type(), " ", x.sizes());
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(m >= 1 && m <= w4::kMaxM, "skinny_matmul: M must be in [1, ", w4::kMaxM, "], got M=", m,
+              " (use a prefill kernel for larger batches)");
+  TORCH_CHECK(group_size == 32 || group_size == 64 || group_size == 128,
+              "skinny_matmul: group_size must be 32, 64 or 128, got ", group_size);
+  TORCH_CHECK(k % group_size == 0, "skinny_matmul: K must be a multiple of group_size, got K=", k,
+              ", group_size=", group_size);
+  TORCH_CHECK(x.stride(1) == 1, "skinny_matmul: x must be contiguous along K (stride(1) == 1), got strides ",
+              x.strides());
+  TORCH_CHECK(rows_aligned(x.data_ptr(), x.stride(0), m, 2),
+              "skinny_matmul: x rows must start on 16-byte boundaries (data pointer and stride(0) * 2 bytes "
+              "multiples of 16), got stride(0)=", x.stride(0));
+
+  TORCH_CHECK(qweight.dim() == 2, "skinny_matmul: qweight must be 2-D: int32 [N, K/8] or int8 [N, K/2], got ",
+              qweight.sizes());
+  const int64_t n = qweight.size(0);
+  const int64_t weight_bytes = qweight.numel() * static_cast<int64_t>(qweight.element_size());
+  TORCH_CHECK(weight_bytes >= n * k / 2, "skinny_matmul: qweight holds ", weight_bytes,
+              " bytes but N*K/2 = ", n * k / 2, " are needed (N=", n, ", K=", k, ")");
+  const bool packed = is_packed_dtype(qweight.scalar_type());
+  TORCH_CHECK(packed || is_byte_dtype(qweight.scalar_type()),
+              "skinny_matmul: qweight must be int32/uint32 [N, K/8] packed along K (or the same bytes as "
+              "int8/uint8 [N, K/2]), got ", qweight.scalar_type());
+  TORCH_CHECK(qweight.size(1) == (packed ? k / 8 : k / 2), "skinny_matmul: qweight must be ",
+              packed ? "[N, K/8] = [" : "[N, K/2] = [", n, ", ", packed ? k / 8 : k / 2, "], got ",
+              qweight.sizes());
+  TORCH_CHECK(qweight.is_contiguous() && rows_aligned(qweight.data_ptr(), 1, 1, 1),
+              "skinny_matmul: qweight must be contiguous and 16-byte aligned, got strides ", qweight.strides());
+
+  const int64_t groups = k / group_size;
+  TORCH_CHECK(scales.scalar_type() == x.scalar_type() && scales.dim() == 2 && scales.size(0) == n &&
+                  scales.size(1) == groups,
+              "skinny_matmul: scales must be ", x.scalar_type(), " [N, K/G] = [", n, ", ", groups, "], got ",
+              scales.scalar_type(), " ", scales.sizes());
+  TORCH_CHECK(scales.is_contiguous(), "skinny_matmul: scales must be contiguous");
+  if (zeros.has_value()) {
+    const at::Tensor& z = *zeros;
+    TORCH_CHECK(is_packed_dtype(z.scalar_type()),
+                "Zero points must be int32 or uint32 (packed 8x uint4 along dim 0), got ", z.scalar_type(),
+                " ", z.sizes());
+    TORCH_CHECK(n % 8 == 0 && z.dim() == 2 && z.size(0) * 8 == n && z.size(1) == groups,
+                "skinny_matmul: packed zero points must be [N/8, K/G] = [", n / 8, ", ", groups,
+                "] with N % 8 == 0, got ", z.sizes(), " for N=", n);
+    TORCH_CHECK(z.is_contiguous(), "skinny_matmul: zero points must be contiguous");
+  }
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->dim() == 1 && bias->size(0) == n,
+                "skinny_matmul: bias must be ", x.scalar_type(), " [N] = [", n, "], got ", bias->scalar_type(),
+                " ", bias->sizes());
+    TORCH_CHECK(bias->is_contiguous(), "skinny_matmul: bias must be contiguous");
+  }
+  TORCH_CHECK(x.is_cuda(), "skinny_matmul: tensors must be on a CUDA/ROCm device, got ", x.device());
+  for (const at::Tensor* t : {&qweight, &scales, zeros ? &*zeros : nullptr, bias ? &*bias : nullptr}) {
+    TORCH_CHECK(t == nullptr || t->device() == x.device(), "skinny_matmul: all tensors must be on ", x.device(),
+                ", got one on ", t->device());
+  }
+  TORCH_CHECK(n <= INT32_MAX && k <= INT32_MAX, "skinny_matmul: N and K must fit in int32");
+
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  w4::Engine kind = w4::Engine::kSimt;
+  if (engine == "mma" || engine == "auto") {
+#if W4_HIP
+    TORCH_CHECK(engine == "auto", "skinny_matmul: engine 'mma' is CUDA-only (tensor-core mma.sync); use 'simt'");
+#else
+    TORCH_CHECK(engine == "auto" || prop->major >= 8, "skinny_matmul: engine 'mma' needs compute capability 8.0+");
+    if (prop->major >= 8) kind = w4::Engine::kMma;
+#endif
+  } else {
+    TORCH_CHECK(engine == "simt", "skinny_matmul: engine must be 'auto', 'mma' or 'simt', got '",
+                std::string(engine), "'");
+  }
+
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (n == 0) return y;
+  w4::SkinnyParams p{};
+  p.x = x.data_ptr();
+  p.qweight = static_cast<const uint32_t*>(qweight.data_ptr());
+  p.scales = scales.data_ptr();
+  p.zeros = zeros ? static_cast<const uint32_t*>(zeros->data_ptr()) : nullptr;
+  p.bias = bias ? bias->data_ptr() : nullptr;
+  p.y = y.data_ptr();
+  p.stride_xm = x.stride(0);
+  p.m = static_cast<int>(m);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  p.group_size = static_cast<int>(group_size);
+  p.split = w4::choose_split(p.m, p.n, prop->multiProcessorCount, prop->warpSize);
+
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (x.scalar_type() == at::kHalf) {
+    w4::launch_skinny<w4::half_t>(p, kind, stream);
+  } else {
+    w4::launch_skinny<w4::bf16_t>(p, kind, stream);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(w4a16, CUDA, m) { m.impl("skinny_matmul", &skinny_matmul_cuda); }

@@ -1,0 +1,427 @@
+// Skinny (decode) W4A16 matmul, torch-free: y = x @ W^T + bias with
+// W[n, k] = (q[n, k] - z[n, k / G]) * s[n, k / G], for M <= kMaxM rows of x.
+//
+// Work split. A block of kBlockThreads threads owns a tile of output rows (n) for all M. Within
+// a warp, lane = 4 * quad + t: the lane owns rows (quad, quad + W/4) of the warp's W/2 rows and,
+// in every iteration, one 16-byte chunk (32 consecutive k) of each: chunk t of the iteration's
+// 128 k. A block's warps are split `split` ways along K (interleaved iterations) and
+// warps / split ways along N; the `split` partial sums of each output meet in shared memory
+// and are added in a fixed order, so results are deterministic (no atomics).
+//
+// Engines, chosen by the host:
+//  * kMma (CUDA, sm_80+): the warp's 16 rows x 128 k per iteration are 8 tensor-core
+//    m16n8k16 steps with the weight as the 16-row A operand and up to 8 (or 16) rows of x as B.
+//    A lane's A values for one step are 4 nibbles of one of its words, so one step's 16 logical
+//    k are 4 nibbles from each of the quad's 4 chunks; x is permuted to the same order. Weights
+//    are dequantized to T as (q - z) * s (one rounding), products and sums are fp32.
+//  * kSimt (everywhere, the only engine on HIP): each lane forms fp32 dot products over its
+//    chunk, (q - z) * s exact in fp32, then the quad adds its 4 partial sums with shuffles.
+#pragma once
+
+#include "compat.h"
+
+namespace w4 {
+
+constexpr int kBlockThreads = 256;
+constexpr int kMaxM = 16;
+constexpr int kLaneK = 32;          // k per lane, row and iteration: one 16-byte load
+constexpr int kIterK = 4 * kLaneK;  // k per iteration: the 4 lanes of a quad side by side
+// Every lane owns 2 rows, so a block covers kBlockThreads / 2 (row, K-slice) pairs whatever the
+// warp size: rows per block = kTileRows / split.
+constexpr int kTileRows = kBlockThreads / 2;
+
+enum class Engine : int { kSimt = 0, kMma = 1 };
+
+// One call's arguments, in the layout of optimized/contract.py (T = half_t or bf16_t):
+//   x        T [m, k], row stride stride_xm elements, unit stride along k; 16-byte aligned rows.
+//   qweight  [n, k/8] 32-bit words, contiguous, 16-byte aligned (k % 32 == 0 follows from
+//            group_size | k).
+//   scales   T [n, k/group_size], contiguous.
+//   zeros    [n/8, k/group_size] 32-bit words packed along n, or nullptr (symmetric, z = 8).
+//   bias     T [n] or nullptr.
+//   y        T [m, n], contiguous.
+struct SkinnyParams {
+  const void* x;
+  const uint32_t* qweight;
+  const void* scales;
+  const uint32_t* zeros;
+  const void* bias;
+  void* y;
+  int64_t stride_xm;
+  int m, n, k;
+  int group_size;  // 32, 64 or 128
+  int split;       // warps of a block sharing each row, splitting K: 1, 2, 4 (or 8 on wave32)
+};
+
+namespace detail {
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+// Weights are read exactly once: keep them out of L1 so that x stays there.
+__device__ __forceinline__ uint4 load_weights(const uint4* p) {
+#if W4_HIP
+  return *p;
+#else
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+#endif
+}
+
+// 8 consecutive activations as raw 16-bit patterns; zeros where `ok` is false.
+template <typename T>
+__device__ __forceinline__ uint4 load_x8(const T* row, int k, bool ok) {
+  return ok ? W4_LDG(reinterpret_cast<const uint4*>(row + k)) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+template <typename T, int M_TILE, Engine E>
+struct Accumulator;  // the engines below; kMma exists on CUDA only
+
+// ---------------------------------------------------------------------------------------------
+template <typename T, int M_TILE>
+struct Accumulator<T, M_TILE, Engine::kSimt> {
+  static constexpr int kQuads = W4_WARP_SIZE / 4;
+  // Iterations whose loads are issued together; fewer at large M, where acc[2][M_TILE] would
+  // otherwise push the loaded words into local memory.
+  static constexpr int kUnroll = M_TILE <= 4 ? 4 : 2;
+  float acc[2][M_TILE];
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int m = 0; m < M_TILE; ++m) acc[a][m] = 0.f;
+  }
+
+  // One chunk: rows a = 0, 1 (words wq[a], scale bits s[a], zero point z[a]) times x[:, k0:k0+32];
+  // `valid` is false for a chunk past k.
+  __device__ __forceinline__ void chunk(const uint4 (&wq)[2], const uint32_t (&s)[2], const uint32_t (&z)[2],
+                                        const T* x, int64_t stride_xm, int m_rows, int /*quad*/, int k0, bool valid) {
+    float scale[2], zero_magic[2];
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+      scale[a] = bits_to_float<T>(s[a]);
+      zero_magic[a] = 8388608.f + static_cast<float>(z[a]);  // 2^23 + z, exact
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float w[2][8];
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {
+        const uint32_t bits = word(wq[a], j);
+#pragma unroll
+        for (int p = 0; p < 8; ++p) {
+          // 2^23 + q as a float, minus 2^23 + z: q - z exactly, without an int-to-float convert.
+          const float q_minus_z = __uint_as_float(0x4B000000u | ((bits >> (4 * p)) & 0xFu)) - zero_magic[a];
+          w[a][p] = q_minus_z * scale[a];  // exact in fp32: 5 bits times 11
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < M_TILE; ++m) {
+        const uint4 xv = load_x8(x + m * stride_xm, k0 + 8 * j, valid && m < m_rows);
+        float xf[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t pair = word(xv, i);
+          xf[2 * i] = bits_to_float<T>(pair & 0xFFFFu);
+          xf[2 * i + 1] = bits_to_float<T>(pair >> 16);
+        }
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+#pragma unroll
+          for (int p = 0; p < 8; ++p) acc[a][m] = fmaf(w[a][p], xf[p], acc[a][m]);
+      }
+    }
+  }
+
+  // Adds the quad's 4 partial sums (same order on every lane), then lane t writes m = t mod 4.
+  // red_rows: this warp's rows of the block's [rows][M_TILE] partial-sum slice.
+  __device__ __forceinline__ void deposit(float* red_rows, int quad, int t) {
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int m = 0; m < M_TILE; ++m) {
+        acc[a][m] += shfl_xor(acc[a][m], 1);
+        acc[a][m] += shfl_xor(acc[a][m], 2);
+        if (m % 4 == t) red_rows[(quad + kQuads * a) * M_TILE + m] = acc[a][m];
+      }
+  }
+};
+
+#if !W4_HIP
+// ---------------------------------------------------------------------------------------------
+// Packed pairs of T, each op one fma with a single rounding (sm_80+ has fma for both types).
+template <typename T>
+__device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c);
+
+template <>
+__device__ __forceinline__ uint32_t fma2<half_t>(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+template <>
+__device__ __forceinline__ uint32_t fma2<bf16_t>(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t splat(uint32_t bits16) { return bits16 | (bits16 << 16); }
+
+// One word (nibble p = k offset p) -> pairs ((q_i - z) * s, (q_{i+4} - z) * s) for i = 0..3.
+// A nibble OR-ed into the mantissa of a power of two ("magic number") is that power plus q;
+// subtracting power + z is exact, and the multiply by s is the one rounding.
+template <typename T>
+__device__ __forceinline__ void dequant_pairs(uint32_t w, uint32_t z, uint32_t s2, uint32_t (&out)[4]);
+
+template <>
+__device__ __forceinline__ void dequant_pairs<half_t>(uint32_t w, uint32_t z, uint32_t s2, uint32_t (&out)[4]) {
+  constexpr uint32_t kMagic = 0x64006400u;      // 1024: spacing 1, so bits 0..9 add q or 16 q
+  constexpr uint32_t kOne = 0x3C003C00u;
+  constexpr uint32_t kSixteenth = 0x2C002C00u;  // 1/16
+  constexpr uint32_t kNegZero = 0x80008000u;
+  const uint32_t neg_1024_z = splat(0xE400u | z);       // -(1024 + z)
+  const uint32_t neg_64_z = splat(0xD400u | (z << 4));  // -(64 + z): spacing 1/16 at 64
+  const uint32_t w8 = w >> 8;
+  const uint32_t lo = (w & 0x000F000Fu) | kMagic;     // 1024 + (q0, q4)
+  const uint32_t hi = (w & 0x00F000F0u) | kMagic;     // 1024 + 16 (q1, q5)
+  const uint32_t lo8 = (w8 & 0x000F000Fu) | kMagic;   // 1024 + (q2, q6)
+  const uint32_t hi8 = (w8 & 0x00F000F0u) | kMagic;   // 1024 + 16 (q3, q7)
+  out[0] = fma2<half_t>(fma2<half_t>(lo, kOne, neg_1024_z), s2, kNegZero);
+  out[1] = fma2<half_t>(fma2<half_t>(hi, kSixteenth, neg_64_z), s2, kNegZero);
+  out[2] = fma2<half_t>(fma2<half_t>(lo8, kOne, neg_1024_z), s2, kNegZero);
+  out[3] = fma2<half_t>(fma2<half_t>(hi8, kSixteenth, neg_64_z), s2, kNegZero);
+}
+
+template <>
+__device__ __forceinline__ void dequant_pairs<bf16_t>(uint32_t w, uint32_t z, uint32_t s2, uint32_t (&out)[4]) {
+  constexpr uint32_t kMagic = 0x43004300u;  // 128: only 7 mantissa bits, so each nibble is shifted down
+  constexpr uint32_t kOne = 0x3F803F80u;
+  constexpr uint32_t kNegZero = 0x80008000u;
+  const uint32_t neg_128_z = splat(0xC300u | z);  // -(128 + z)
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t v = ((w >> (4 * i)) & 0x000F000Fu) | kMagic;  // 128 + (q_i, q_{i+4})
+    out[i] = fma2<bf16_t>(fma2<bf16_t>(v, kOne, neg_128_z), s2, kNegZero);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma16816<half_t>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma16816<bf16_t>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Fragment map (m16n8k16, lane = 4 quad + t): A holds rows quad and quad + 8 at logical k
+// {2t, 2t+1, 2t+8, 2t+9}; B holds x row m = quad at the same k; C holds rows quad, quad + 8 at
+// m = 2t, 2t+1. Logical k (2t, 2t+1, 2t+8, 2t+9) of step 2j is nibbles (0, 4, 1, 5) of word j
+// of lane t's chunk, and of step 2j+1 nibbles (2, 6, 3, 7); x is permuted to match.
+template <typename T, int M_TILE>
+struct Accumulator<T, M_TILE, Engine::kMma> {
+  static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0, "mma tiles are 16 rows x 8 m on 32 lanes");
+  static constexpr int kTiles = M_TILE / 8;
+  static constexpr int kUnroll = 4;  // iterations whose loads are issued together
+  float acc[kTiles][4];
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
+  }
+
+  __device__ __forceinline__ void chunk(const uint4 (&wq)[2], const uint32_t (&s)[2], const uint32_t (&z)[2],
+                                        const T* x, int64_t stride_xm, int m_rows, int quad, int k0, bool valid) {
+    const uint32_t s2[2] = {splat(s[0]), splat(s[1])};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t d0[4], d1[4];  // rows quad, quad + 8
+      dequant_pairs<T>(word(wq[0], j), z[0], s2[0], d0);
+      dequant_pairs<T>(word(wq[1], j), z[1], s2[1], d1);
+      const uint32_t a_even[4] = {d0[0], d1[0], d0[1], d1[1]};
+      const uint32_t a_odd[4] = {d0[2], d1[2], d0[3], d1[3]};
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) {
+        const int m = 8 * i + quad;
+        const uint4 xv = load_x8(x + m * stride_xm, k0 + 8 * j, valid && m < m_rows);
+        mma16816<T>(acc[i], a_even, __byte_perm(xv.x, xv.z, 0x5410), __byte_perm(xv.x, xv.z, 0x7632));
+        mma16816<T>(acc[i], a_odd, __byte_perm(xv.y, xv.w, 0x5410), __byte_perm(xv.y, xv.w, 0x7632));
+      }
+    }
+  }
+
+  __device__ __forceinline__ void deposit(float* red_rows, int quad, int t) {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        red_rows[(quad + 8 * (c / 2)) * M_TILE + 8 * i + 2 * t + c % 2] = acc[i][c];
+  }
+};
+#endif  // !W4_HIP
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+template <typename T, int M_TILE, int G, bool SYM, Engine E>
+__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 2) skinny_kernel(const SkinnyParams p) {
+  constexpr int kWarp = W4_WARP_SIZE;
+  constexpr int kQuads = kWarp / 4;
+  constexpr int kWarpRows = 2 * kQuads;
+  static_assert(G % kLaneK == 0, "a lane's 32-k chunk lies in one group");
+  // Partial sums of every (K-slice, row) pair of the block: [split][rows][M_TILE].
+  __shared__ float red[kTileRows * M_TILE];
+
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  const unsigned short* __restrict__ scales = static_cast<const unsigned short*>(p.scales);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int quad = lane / 4, t = lane % 4;
+  const int w_k = warp % p.split, w_n = warp / p.split;
+  const int block_rows = kTileRows / p.split;
+  const int warp_row0 = blockIdx.x * block_rows + w_n * kWarpRows;
+  const int groups = p.k / G;
+  const int iters = (p.k + kIterK - 1) / kIterK;
+
+  // Rows past n read row n - 1 (valid memory) and are never stored.
+  int row[2];
+  const uint4* qrow[2];
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
+    row[a] = min(warp_row0 + quad + kQuads * a, p.n - 1);
+    qrow[a] = reinterpret_cast<const uint4*>(p.qweight) + static_cast<int64_t>(row[a]) * (p.k / kLaneK);
+  }
+
+  using Accum = detail::Accumulator<T, M_TILE, E>;
+  constexpr int kUnroll = Accum::kUnroll;
+  Accum accum;
+  accum.init();
+  for (int first = w_k; first < iters; first += kUnroll * p.split) {
+    // All loads of kUnroll iterations first, scales and zero points included: those come from
+    // HBM too, and waiting for them one iteration at a time would serialize the latency.
+    uint4 wq[kUnroll][2];
+    uint32_t s[kUnroll][2], zw[kUnroll][2];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k0 = (first + u * p.split) * kIterK + t * kLaneK;
+      const bool valid = k0 < p.k;
+      const int group = k0 / G;
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {
+        // A chunk past k gets scale 0 (and x 0 in `chunk`), so it adds exactly 0.
+        wq[u][a] = valid ? detail::load_weights(qrow[a] + k0 / kLaneK) : make_uint4(0u, 0u, 0u, 0u);
+        s[u][a] = valid ? W4_LDG(scales + static_cast<int64_t>(row[a]) * groups + group) : 0u;
+        zw[u][a] = !SYM && valid ? W4_LDG(p.zeros + static_cast<int64_t>(row[a] >> 3) * groups + group) : 0u;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int it = first + u * p.split;
+      if (it >= iters) break;  // the same for the whole warp, as the mma engine needs
+      const int k0 = it * kIterK + t * kLaneK;
+      uint32_t z[2];
+#pragma unroll
+      for (int a = 0; a < 2; ++a) z[a] = SYM ? 8u : (zw[u][a] >> (4 * (row[a] & 7))) & 0xFu;
+      accum.chunk(wq[u], s[u], z, x, p.stride_xm, p.m, quad, k0, k0 < p.k);
+    }
+  }
+
+  accum.deposit(red + (w_k * block_rows + w_n * kWarpRows) * M_TILE, quad, t);
+  __syncthreads();
+
+  // Each output is the sum of its `split` partials in K order, plus bias, rounded once.
+  T* __restrict__ y = static_cast<T*>(p.y);
+  const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
+  for (int idx = threadIdx.x; idx < block_rows * p.m; idx += kBlockThreads) {
+    const int m = idx / block_rows, r = idx % block_rows;
+    const int n = blockIdx.x * block_rows + r;
+    if (n >= p.n) continue;
+    float v = 0.f;
+    for (int s = 0; s < p.split; ++s) v += red[(s * block_rows + r) * M_TILE + m];
+    if (bias != nullptr) v += bits_to_float<T>(W4_LDG(bias + n));
+    y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side: pick the K split and the template instance. Torch-free, so the CI compile check
+// instantiates exactly what the extension ships (launch_skinny<half_t>, launch_skinny<bf16_t>).
+
+// Larger blocks (split 1: 128 rows) fetch each x element once for more rows; smaller ones make
+// more blocks, so that every SM has work and the last wave is short. Decode at small M needs
+// little x traffic, so it favours many blocks.
+inline int choose_split(int m, int n, int num_sms, int warp_size) {
+  const int warps = kBlockThreads / warp_size;
+  const int target_blocks = num_sms * (m <= 4 ? 8 : 2);
+  int split = 1;
+  while (split < warps && (n + kTileRows / split - 1) / (kTileRows / split) < target_blocks) split *= 2;
+  return split;
+}
+
+namespace detail {
+
+template <typename T, int M_TILE, int G, bool SYM, Engine E>
+void launch_instance(const SkinnyParams& p, stream_t stream) {
+  const int block_rows = kTileRows / p.split;
+  const int blocks = (p.n + block_rows - 1) / block_rows;
+  skinny_kernel<T, M_TILE, G, SYM, E><<<blocks, kBlockThreads, 0, stream>>>(p);
+}
+
+template <typename T, int G, bool SYM, Engine E>
+void launch_m(const SkinnyParams& p, stream_t stream) {
+  if constexpr (E == Engine::kMma) {
+    if (p.m <= 8) return launch_instance<T, 8, G, SYM, E>(p, stream);
+    return launch_instance<T, 16, G, SYM, E>(p, stream);
+  } else {
+    if (p.m <= 1) return launch_instance<T, 1, G, SYM, E>(p, stream);
+    if (p.m <= 2) return launch_instance<T, 2, G, SYM, E>(p, stream);
+    if (p.m <= 4) return launch_instance<T, 4, G, SYM, E>(p, stream);
+    if (p.m <= 8) return launch_instance<T, 8, G, SYM, E>(p, stream);
+    return launch_instance<T, 16, G, SYM, E>(p, stream);
+  }
+}
+
+template <typename T, Engine E>
+void launch_engine(const SkinnyParams& p, stream_t stream) {
+  const bool sym = p.zeros == nullptr;
+  switch (p.group_size) {
+    case 32: return sym ? launch_m<T, 32, true, E>(p, stream) : launch_m<T, 32, false, E>(p, stream);
+    case 64: return sym ? launch_m<T, 64, true, E>(p, stream) : launch_m<T, 64, false, E>(p, stream);
+    default: return sym ? launch_m<T, 128, true, E>(p, stream) : launch_m<T, 128, false, E>(p, stream);
+  }
+}
+
+}  // namespace detail
+
+// The caller has validated p (1 <= m <= kMaxM, group_size in {32, 64, 128}, alignment) and set
+// p.split, e.g. from choose_split. kMma needs CUDA sm_80+; on HIP only kSimt is compiled.
+template <typename T>
+void launch_skinny(const SkinnyParams& p, Engine engine, stream_t stream) {
+#if W4_HIP
+  (void)engine;
+  detail::launch_engine<T, Engine::kSimt>(p, stream);
+#else
+  if (engine == Engine::kMma) return detail::launch_engine<T, Engine::kMma>(p, stream);
+  detail::launch_engine<T, Engine::kSimt>(p, stream);
+#endif
+}
+
+}  // namespace w4

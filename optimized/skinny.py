@@ -1,0 +1,134 @@
+"""The skinny (decode) W4A16 kernel: one C++ source for CUDA and ROCm, built on first use.
+
+The op `w4a16::skinny_matmul` is defined here (schema + fake implementation); its CUDA/ROCm
+implementation is registered by the extension (csrc/skinny_binding.cu) when it is built.
+Importing this module compiles nothing, so it works on a machine without a GPU or compiler.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+
+from .contract import ContractError, check_args
+
+MAX_M = 16                   # rows of x per call (csrc/skinny_core.cuh kMaxM)
+GROUP_SIZES = (32, 64, 128)  # each lane's 32-k chunk must lie in one group
+ENGINES = ("auto", "mma", "simt")  # mma: CUDA tensor cores (sm_80+); simt: CUDA cores, the one HIP path
+ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
+
+OP = "w4a16::skinny_matmul"
+EXTENSION_NAME = "w4a16_skinny"
+CSRC = Path(__file__).resolve().parent / "csrc"
+
+torch.library.define(
+    OP,
+    "(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, int group_size, Tensor? bias=None, "
+    "str engine='auto') -> Tensor",
+)
+
+
+@torch.library.register_fake(OP)
+def _skinny_matmul_fake(x, qweight, scales, zeros, group_size, bias=None, engine="auto"):
+    torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
+    m, k = x.shape
+    torch._check(1 <= m, lambda: "x must have at least one row")
+    torch._check(m <= MAX_M, lambda: f"M must be at most {MAX_M}, got {m}")
+    torch._check(qweight.dim() == 2, lambda: "qweight must be 2-D")
+    per_word = 8 if qweight.element_size() == 4 else 2
+    torch._check(qweight.shape[1] * per_word == k, lambda: f"qweight must be [N, K/{per_word}] for K={k}")
+    n = qweight.shape[0]
+    torch._check(scales.shape[0] == n and scales.shape[1] * group_size == k, lambda: "scales must be [N, K/G]")
+    if zeros is not None:
+        torch._check(zeros.shape[0] * 8 == n, lambda: "packed zero points must be [N/8, K/G]")
+    if bias is not None:
+        torch._check(bias.shape[0] == n, lambda: "bias must be [N]")
+    return x.new_empty((m, n))
+
+
+class SkinnyUnavailable(RuntimeError):
+    """The extension cannot run here (no device, no compiler, or the build failed); says why."""
+
+
+_lock = threading.Lock()
+_build_error: str | None = None
+_built = False
+
+
+def _device_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA or ROCm device (torch.cuda.is_available() is False)"
+    if torch.version.cuda is None and torch.version.hip is None:
+        return "this PyTorch build has neither CUDA nor ROCm"
+    return None
+
+
+def _cuda_flags() -> list[str]:
+    if torch.version.hip is not None:
+        return ["-O3"]  # PYTORCH_ROCM_ARCH (or the visible GPUs) picks the targets
+    # sm_90 machine code for the H200, and compute_90 PTX that newer GPUs JIT-compile.
+    return ["-O3", "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
+
+
+def build(verbose: bool = False) -> None:
+    """Compile and load the extension once per process; raises SkinnyUnavailable with the reason."""
+    global _build_error, _built
+    if _built:
+        return
+    with _lock:
+        if _built:
+            return
+        if _build_error is None:
+            _build_error = _device_reason()
+        if _build_error is None:
+            try:
+                from torch.utils.cpp_extension import load
+
+                # extra_include_paths also tells ROCm's hipify where the included headers are.
+                load(name=EXTENSION_NAME, sources=[str(CSRC / "skinny_binding.cu")], extra_cuda_cflags=_cuda_flags(),
+                     extra_include_paths=[str(CSRC)], is_python_module=False, verbose=verbose)
+                _built = True
+                return
+            except Exception as e:  # compiler missing, toolkit mismatch, compile error: all mean "unavailable"
+                lines = str(e).strip().splitlines()
+                _build_error = f"building {EXTENSION_NAME} failed: {type(e).__name__}: " + "\n".join(lines[-20:])
+        raise SkinnyUnavailable(_build_error)
+
+
+def is_available() -> tuple[bool, str]:
+    """(True, "") once the extension is loaded, else (False, why). Never raises; on a machine with
+    a device it builds the extension (cached), elsewhere it compiles nothing."""
+    try:
+        build()
+    except SkinnyUnavailable as e:
+        return False, str(e)
+    return True, ""
+
+
+def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                  group_size: int, bias: torch.Tensor | None = None, *, engine: str = "auto") -> torch.Tensor:
+    """y = x @ W^T + bias for decode batches (M <= MAX_M), W[n, k] = (q - z) * s per group.
+
+    Arguments follow optimized/contract.py (dtypes, shapes, packing), with these limits:
+    M <= MAX_M; group_size in GROUP_SIZES, so K is a multiple of 32; x rows 16-byte aligned (a
+    misaligned x is copied first). qweight may also be the same bytes as int8/uint8 [N, K/2].
+    engine: "auto" (tensor cores where the device has them), "mma" or "simt" (the HIP path).
+    Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics).
+    Raises ContractError before any build or launch, SkinnyUnavailable when it cannot run here.
+    """
+    if isinstance(qweight, torch.Tensor) and qweight.dtype in (torch.int8, torch.uint8) and qweight.dim() == 2 \
+            and qweight.shape[1] % 4 == 0 and qweight.is_contiguous():
+        qweight = qweight.view(torch.int32)
+    problem = check_args(x, qweight, scales, zeros, group_size, bias, group_sizes=GROUP_SIZES)
+    if problem.m > MAX_M:
+        raise ContractError(f"skinny_matmul handles M <= {MAX_M}, got M={problem.m} (use a prefill kernel)")
+    if engine not in ENGINES:
+        raise ContractError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if x.device.type != "cuda":
+        raise SkinnyUnavailable(f"skinny_matmul runs on CUDA/ROCm devices, got x on {x.device}")
+    if x.data_ptr() % ROW_ALIGN_BYTES or (problem.m > 1 and x.stride(0) * x.element_size() % ROW_ALIGN_BYTES):
+        x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation is aligned
+    build()
+    return torch.ops.w4a16.skinny_matmul(x, qweight, scales, zeros, group_size, bias, engine)
