@@ -32,9 +32,9 @@ def load_spec(target: str) -> KernelSpec:
 
 def summary_table(results: dict[str, list[CaseReport]], tier: str, device: str) -> Table:
     table = Table(title=f"W4A16 parity, tier {tier}, on {device}")
-    for col in ("kernel", "cases", "passed", "failed", "worst err/bound", "plain torch err/bound", "probe rows",
-                "probe mismatches", "seconds"):
-        table.add_column(col, justify="left" if col == "kernel" else "right")
+    table.add_column("kernel", no_wrap=True)
+    for col in ("cases", "pass", "fail", "worst err/bound", "torch err/bound", "probe rows", "probe bad", "s"):
+        table.add_column(col, justify="right")
     for name, reports in results.items():
         verdicts = [r.verdict for r in reports if r.verdict is not None]
         probes = [r.probe for r in reports if r.probe is not None]
