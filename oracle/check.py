@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from .cases import Case, make_inputs
+from .diagnose import diagnose
 from .error_model import Verdict, judge
 from .kernel_spec import KernelSpec
 from .probes import ProbeResult, probe_weight, run_probes
@@ -19,7 +20,8 @@ from .reference import plain_torch_matmul, reference_matmul
 @dataclass(frozen=True)
 class CaseReport:
     """One case's outcome. probe is None when this case's configuration was probed elsewhere
-    (probes run once per shape, group size, dtype and symmetry); error holds a raised exception."""
+    (probes run once per shape, group size, dtype and symmetry); error holds a raised exception;
+    diagnosis names the wrong convention that explains a failed verdict, if one does."""
 
     kernel: str
     case_id: str
@@ -27,6 +29,7 @@ class CaseReport:
     probe: ProbeResult | None
     error: str | None
     seconds: float
+    diagnosis: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -44,7 +47,7 @@ def call_kernel(spec: KernelSpec, prepared: tuple, x: torch.Tensor, group_size: 
 def check_case(spec: KernelSpec, case: Case, seed: int = 0, device: str | torch.device = "cpu",
                probes: bool = True) -> CaseReport:
     start = time.perf_counter()
-    verdict = probe = None
+    verdict = probe = diagnosis = None
     try:
         inp = make_inputs(case, seed, device)
         prepared = spec.prepare(inp.weight, case.dtype)
@@ -52,6 +55,9 @@ def check_case(spec: KernelSpec, case: Case, seed: int = 0, device: str | torch.
         ref = reference_matmul(inp.x, inp.weight, inp.bias)
         verdict = judge(out, ref, dequant_dtype=spec.dequant(case.dtype), dequant_roundings=spec.dequant_roundings,
                         baseline=plain_torch_matmul(inp.x, inp.weight, inp.bias))
+        if not verdict.passed:
+            diagnosis = diagnose(out, inp.x, inp.weight, inp.bias, dequant_dtype=spec.dequant(case.dtype),
+                                 dequant_roundings=spec.dequant_roundings, ref=ref).summary()
         if probes:
             g = torch.Generator().manual_seed(seed + 1)
             pw = probe_weight(case.n, case.k, case.group_size, case.symmetric, case.dtype, g).to(device)
@@ -64,7 +70,7 @@ def check_case(spec: KernelSpec, case: Case, seed: int = 0, device: str | torch.
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         if not isinstance(exc, (ValueError, TypeError)):
             error += "\n" + traceback.format_exc(limit=-3)
-    return CaseReport(spec.name, case.id, verdict, probe, error, time.perf_counter() - start)
+    return CaseReport(spec.name, case.id, verdict, probe, error, time.perf_counter() - start, diagnosis)
 
 
 def probe_key(case: Case) -> tuple:

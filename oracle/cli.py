@@ -56,6 +56,7 @@ def report_json(results: dict[str, list[CaseReport]]) -> dict:
         "baseline_worst_ratio": None if r.verdict is None else r.verdict.baseline_worst_ratio,
         "probe_rows": None if r.probe is None else r.probe.rows,
         "probe_mismatches": None if r.probe is None else r.probe.mismatches,
+        "diagnosis": r.diagnosis,
     } for r in reports] for name, reports in results.items()}
 
 
@@ -79,7 +80,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for r in [r for r in reports if not r.passed][: args.show_failures]:
             console.print(f"[red]FAIL[/red] {name} {r.case_id}")
             for part in (r.error, r.verdict and not r.verdict.passed and r.verdict.summary(),
-                         r.probe and not r.probe.passed and r.probe.summary()):
+                         r.diagnosis and f"diagnosis: {r.diagnosis}", r.probe and not r.probe.passed and r.probe.summary()):
                 if part:
                     console.print("  " + str(part).replace("\n", "\n  "), markup=False, highlight=False)
     console.print(summary_table(results, args.tier, device))
