@@ -1,0 +1,253 @@
+"""Triton W4A16 matmul: y = x @ W^T + bias, W[n, k] = (q[n, k] - z[n, k // G]) * s[n, k // G].
+
+Arguments follow `optimized.contract` (`w4a16_matmul` restates every tensor's dtype, shape and
+layout). One kernel serves every M; the tile config (`optimized.tile_configs`) picks its path:
+
+* GEMV tiles (block_m == 1, the M = 1 decode bucket): one row of x against a [block_n, block_k]
+  weight tile on the CUDA cores. Each product x[k] * (q - z) is exact in fp32, the K-tile's sum
+  is fp32 and scaled once by s[n]; the weight is never rounded.
+* Tensor-core tiles (block_m >= 16): the weight tile is dequantized in registers into x.dtype,
+  (q - z) * s rounded once, and fed to tl.dot with an fp32 accumulator.
+
+Small-M buckets also split K (split_k > 1) so that few output columns still spread over every
+SM: each split writes fp32 partials to a workspace [splits, M, N] and a second kernel adds them
+in split order, adds the bias and rounds once. No atomics anywhere, so repeated calls are
+bit-identical.
+
+Every K-tile lies inside one quant group (block_k divides G; `tile_configs.check_config`), so a
+tile needs one scale and one zero point per row and K needs no masking.
+
+Batch invariance: row i of the output depends only on x[i], the weight and the tile config, and
+the config depends on M only through its M bucket. So within one bucket (e.g. M = 2..16 on the
+H200 table) row i is bit-identical whatever M is. The exception is crossing a bucket boundary:
+the K-split, the tile shape and CUDA-core versus tensor-core summation change, and a row can
+differ in its last bits (always within the error bound). Making every M bit-identical would mean
+one config for all M: either no split-K at decode (on shapes with few N-tiles, e.g. N = 1024,
+most SMs idle and decode loses several times its bandwidth) or decode-sized split-K tiles for
+prefill (tensor-core efficiency and an extra fp32 round trip through memory for every output).
+
+Under Triton's CPU interpreter (TRITON_INTERPRET=1, CPU tensors) the same kernel runs with two
+workarounds for interpreter bugs (triton 3.9): it computes tl.dot on bf16 operands from their
+raw uint16 bits and it truncates fp32 -> bf16. bf16 results are therefore rounded by hand
+(`_round_to_bf16`, also used on GPUs, where it costs a few integer ops per output element), and
+bf16 dot operands are widened to fp32 after that rounding (`DOT_IN_FP32`), which gives the exact
+products and fp32 sums the tensor cores compute.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from .contract import check_args
+from .tile_configs import INTERPRETER, TileConfig, check_config, k_splits, select_config
+
+# Programs are ordered in bands of this many M-tiles, M fastest, so that programs running at the
+# same time read the same weight tiles (from L2 after the first); matters when M spans tiles.
+GROUP_M = 8
+# Elements per program of the split-K reduction.
+REDUCE_BLOCK = 1024
+
+
+@triton.jit
+def _round_to_bf16(v):
+    """fp32 -> bf16, round to nearest even, by integer arithmetic on the bit pattern: adding
+    0x7FFF plus the lowest kept bit carries exactly when the dropped half is above (or at, with an
+    odd kept bit) the midpoint. Overflow rounds to inf; NaN stays a (quiet) NaN."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+    rounded = tl.where(v != v, bits | 0x400000, rounded)
+    return (rounded >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _to_output(v, OUT_DTYPE: tl.constexpr):
+    """fp32 -> the output dtype, one round-to-nearest-even."""
+    if OUT_DTYPE == tl.bfloat16:
+        return _round_to_bf16(v)
+    else:
+        return v.to(OUT_DTYPE)
+
+
+@triton.jit
+def _nibble_x16(packed, P: tl.constexpr):
+    """Nibble P of every packed word as the fp32 2^23 + 16 q. The nibble is moved to bits 4..7
+    and ORed into the mantissa of 2^23, whose unit there is 16, so subtracting 2^23 + 16 z leaves
+    16 (q - z) exactly without an int -> float conversion (a quarter-rate instruction). Bits 4..7
+    rather than 0..3 because `>> s & 0xF` compiles to a two-instruction bit-field extract on
+    NVIDIA, while `& 0xF0` and the OR fuse into one LOP3 (and nibble 1 needs no shift at all).
+    An arithmetic shift smears the sign bit into the high bits; the mask drops them."""
+    if P == 0:
+        v = (packed << 4) & 0xF0
+    elif P == 1:
+        v = packed & 0xF0
+    else:
+        v = (packed >> (4 * P - 4)) & 0xF0
+    return (v | 0x4B000000).to(tl.float32, bitcast=True)
+
+
+# M and the K-tile counts vary from call to call: specializing on them would only multiply
+# compilations. The strides stay specialized (divisibility by 16 proves wide loads aligned).
+@triton.jit(do_not_specialize=["M", "TILES_PER_GROUP", "TILES_PER_SPLIT"])
+def _w4a16_kernel(
+    # Pointers: see `w4a16_matmul` for dtypes and layouts. out_ptr is the output [M, N], or with
+    # WRITE_PARTIALS the fp32 workspace [splits, M, N], split s at offset s * M * N.
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
+    # Dimensions and strides (in elements): x rows, qweight rows (K / 8), scale/zero-point rows (K / G).
+    M, N, K,
+    stride_xm, stride_qn, stride_gn,
+    TILES_PER_GROUP,  # G // BLOCK_K
+    TILES_PER_SPLIT,  # K-tiles each split sums
+    # Meta-parameters. BLOCK_M is 1 (GEMV tiles) or >= 16 with USE_DOT (tensor-core tiles).
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WRITE_PARTIALS: tl.constexpr,
+    USE_DOT: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    band = GROUP_M * tiles_n
+    first_m = (pid // band) * GROUP_M
+    band_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % band) % band_rows
+    pid_n = (pid % band) // band_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Rows past M or N read row M-1 / N-1 instead of masking every load; they are never stored.
+    rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)
+    rows_n = tl.minimum(offs_n, N - 1)
+    offs_w = tl.arange(0, BLOCK_K // 8)
+
+    w_ptrs = qweight_ptr + rows_n.to(tl.int64)[:, None] * stride_qn + offs_w[None, :]
+    s_ptrs = scales_ptr + rows_n * stride_gn
+    if HAS_ZEROS:
+        z_ptrs = zeros_ptr + (rows_n // 8) * stride_gn
+        z_shift = (rows_n % 8) * 4
+    if USE_DOT:
+        x_ptrs = x_ptr + rows_m[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
+    else:
+        # x[m, 8j + P] for word j: the GEMV multiplies nibble plane P by this strided slice.
+        x_ptrs = x_ptr + pid_m.to(tl.int64) * stride_xm + offs_w * 8
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_tiles = K // BLOCK_K
+    first_tile = pid_k * TILES_PER_SPLIT
+    last_tile = tl.minimum(first_tile + TILES_PER_SPLIT, k_tiles)
+    for t in range(first_tile, last_tile):
+        g = t // TILES_PER_GROUP
+        packed = tl.load(w_ptrs + t * (BLOCK_K // 8))
+        if HAS_ZEROS:
+            z = (tl.load(z_ptrs + g) >> z_shift) & 0xF
+            offset = (z * 16).to(tl.float32)[:, None] + 8388608.0
+        else:
+            offset = tl.full([BLOCK_N, 1], 8388736.0, tl.float32)  # 2^23 + 16 * 8: symmetric z = 8
+        # The nibbles carry a factor 16 (`_nibble_x16`); s / 16 is exact and removes it.
+        s = tl.load(s_ptrs + g).to(tl.float32) * 0.0625
+        if USE_DOT:
+            # Interleaving the planes this way puts nibble P of word j at column 8j + P.
+            w = tl.interleave(
+                tl.interleave(tl.interleave(_nibble_x16(packed, 0), _nibble_x16(packed, 4)),
+                              tl.interleave(_nibble_x16(packed, 2), _nibble_x16(packed, 6))),
+                tl.interleave(tl.interleave(_nibble_x16(packed, 1), _nibble_x16(packed, 5)),
+                              tl.interleave(_nibble_x16(packed, 3), _nibble_x16(packed, 7))))
+            w = (w - offset) * s[:, None]
+            x = tl.load(x_ptrs + t * BLOCK_K)
+            if DOT_IN_FP32:
+                acc = tl.dot(x.to(tl.float32), tl.trans(_round_to_bf16(w).to(tl.float32)), acc)
+            else:
+                acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+        else:
+            # One FMA per weight across the eight planes; one sum over the words per tile.
+            x_tile = x_ptrs + t * BLOCK_K
+            part = (_nibble_x16(packed, 0) - offset) * tl.load(x_tile).to(tl.float32)[None, :]
+            for p in tl.static_range(1, 8):
+                part += (_nibble_x16(packed, p) - offset) * tl.load(x_tile + p).to(tl.float32)[None, :]
+            acc += (tl.sum(part, axis=1) * s)[None, :]
+
+    out_rows = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if WRITE_PARTIALS:
+        tl.store(out_ptr + pid_k.to(tl.int64) * M * N + out_rows, acc, mask=out_mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rows_n).to(tl.float32)[None, :]
+        tl.store(out_ptr + out_rows, _to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["M", "splits"])
+def _split_k_reduce_kernel(
+    # workspace: fp32 [splits, M, N]; bias: [N] or unused; out: [M, N] contiguous.
+    workspace_ptr, bias_ptr, out_ptr,
+    M, N, splits,
+    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    numel = M.to(tl.int64) * N
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    ptrs = workspace_ptr + offs
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    # Partials are added in split order: the sum, and so the output, is the same on every run.
+    for _ in range(1, splits):
+        ptrs += numel
+        acc += tl.load(ptrs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, _to_output(acc, out_ptr.dtype.element_ty), mask=mask)
+
+
+# Whether @triton.jit built interpreter functions (TRITON_INTERPRET=1 when this module was imported).
+UNDER_INTERPRETER = isinstance(_w4a16_kernel, InterpretedFunction)
+
+
+def device_name(device: torch.device) -> str:
+    """The name `tile_configs.select_config` keys on."""
+    return INTERPRETER if device.type == "cpu" else torch.cuda.get_device_name(device)
+
+
+def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                 group_size: int, bias: torch.Tensor | None = None, *,
+                 config: TileConfig | None = None) -> torch.Tensor:
+    """y = x @ W^T (+ bias) -> x.dtype [M, N], contiguous.
+
+    x:          float16/bfloat16 [M, K], x.stride(1) == 1 (rows may be strided).
+    qweight:    int32/uint32 [N, K/8], packed along K, natural nibble order.
+    scales:     x.dtype [N, K/G].
+    zeros:      int32/uint32 [N/8, K/G], packed along N (row n at bits 4*(n % 8)), or None (z = 8).
+    group_size: 32, 64, 128, or -1 (G = K).
+    bias:       x.dtype [N] or None.
+    config:     a tile config to use instead of `select_config`'s (for tuning); must satisfy
+                `tile_configs.check_config` for this K and G.
+    Raises ContractError (before any launch) when an argument breaks the contract.
+    """
+    p = check_args(x, qweight, scales, zeros, group_size, bias)
+    if x.device.type == "cpu" and not UNDER_INTERPRETER:
+        raise RuntimeError("CPU tensors run only under Triton's interpreter: set TRITON_INTERPRET=1 "
+                           "before importing optimized.triton_w4a16")
+    if config is None:
+        config = select_config(p.m, p.n, p.k, p.group, device_name(x.device))
+    else:
+        check_config(config, p.k, p.group)
+    out = torch.empty(p.m, p.n, dtype=x.dtype, device=x.device)
+    tiles_per_split, split = k_splits(p.k // config.block_k, config.split_k)
+    target = out if split == 1 else torch.empty(split, p.m, p.n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(p.m, config.block_m) * triton.cdiv(p.n, config.block_n), split)
+    # Unsigned packed words are reinterpreted, not converted: the kernel masks nibbles itself.
+    _w4a16_kernel[grid](
+        x, qweight.view(torch.int32), scales, scales if zeros is None else zeros.view(torch.int32),
+        out if bias is None else bias, target,
+        p.m, p.n, p.k, x.stride(0), p.k // 8, p.k // p.group, p.group // config.block_k, tiles_per_split,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, WRITE_PARTIALS=split > 1,
+        USE_DOT=config.use_dot, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
+        DOT_IN_FP32=UNDER_INTERPRETER and x.dtype == torch.bfloat16, GROUP_M=GROUP_M,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if split > 1:
+        _split_k_reduce_kernel[(triton.cdiv(p.m * p.n, REDUCE_BLOCK),)](
+            target, out if bias is None else bias, out, p.m, p.n, split,
+            HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK,
+        )
+    return out

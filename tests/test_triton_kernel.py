@@ -1,0 +1,328 @@
+"""The Triton W4A16 kernel judged by the oracle, on CPU through Triton's interpreter.
+
+Random data is judged against the error model; exact probes catch what hides under rounding;
+then determinism, batch invariance within an M bucket, the argument contract, the tile tables'
+invariants, and an ahead-of-time compile of every GPU-table config for Hopper and CDNA3 (no
+device needed). Shapes stay small (K <= 1024, N <= 256): the interpreter runs each program as
+numpy calls.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from itertools import product
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+from optimized import triton_w4a16
+from optimized.contract import ContractError
+from optimized.tile_configs import (
+    GENERIC,
+    HOPPER,
+    INTERPRETED,
+    INTERPRETER,
+    TABLES,
+    TileConfig,
+    check_config,
+    no_straddle,
+    select_config,
+    table_for,
+)
+from optimized.triton_w4a16 import w4a16_matmul
+from oracle import judge, plain_torch_matmul, probe_weight, random_quantized, reference_matmul, run_probes
+from oracle.layouts import to_kernel_layout
+from oracle.shapes import DECODE_BATCHES, PREFILL_BATCHES, unique_shapes
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+GROUPS = (32, 64, 128, -1)
+# Both sides of every interpreter-table bucket edge: 1 | 2-16 | 17-64 | 65+.
+M_VALUES = (1, 2, 3, 5, 16, 17, 33, 64, 65, 129)
+# (K, N): N not a multiple of the 64/128-wide tiles (200, 72, 136) and N below one tile (8).
+SHAPES = ((256, 200), (512, 72), (1024, 136), (128, 8))
+
+
+def resolved(group: int, k: int) -> int:
+    return k if group == -1 else group
+
+
+def make_inputs(k: int, n: int, m: int, group: int, symmetric: bool, dtype: torch.dtype, bias: bool,
+                strided: bool, seed: int):
+    """Canonical weight, its kernel layout, x [M, K] (rows 24 elements apart when strided) and bias."""
+    g = torch.Generator().manual_seed(seed)
+    w = random_quantized(n, k, group, symmetric, scale_dtype=dtype, generator=g)
+    kw = to_kernel_layout(w, dtype)
+    x = torch.randn(m, k + 24 if strided else k, generator=g).to(dtype)[:, :k]
+    b = (0.5 * torch.randn(n, generator=g)).to(dtype) if bias else None
+    return w, kw, x, b
+
+
+def run_kernel(kw, x, bias, **kwargs):
+    return w4a16_matmul(x, kw.qweight, kw.scales, kw.zeros, kw.group_size, bias, **kwargs)
+
+
+def parity_cases():
+    """Every (M, dtype, symmetry, group); shape, bias and row stride drawn per case (seeded) from
+    the combinations that are valid for the group (K a multiple of G)."""
+    rng = random.Random(0)
+    cases = []
+    for m, dname, sym, group in product(M_VALUES, DTYPES, (True, False), GROUPS):
+        shapes = [(k, n) for k, n in SHAPES if k % resolved(group, k) == 0]
+        k, n = rng.choice(shapes)
+        bias, strided = rng.random() < 0.5, rng.random() < 0.3
+        case_id = (f"K{k}xN{n}-G{group}-M{m}-{dname}-{'sym' if sym else 'asym'}"
+                   f"{'-bias' if bias else ''}{'-strided' if strided else ''}")
+        cases.append(pytest.param(k, n, m, group, sym, DTYPES[dname], bias, strided, id=case_id))
+    return cases
+
+
+@pytest.mark.parametrize("k, n, m, group, symmetric, dtype, bias, strided", parity_cases())
+def test_matches_reference(k, n, m, group, symmetric, dtype, bias, strided):
+    w, kw, x, b = make_inputs(k, n, m, group, symmetric, dtype, bias, strided, seed=k * n + m)
+    out = run_kernel(kw, x, b)
+    v = judge(out, reference_matmul(x, w, b), dequant_dtype=dtype, dequant_roundings=1,
+              baseline=plain_torch_matmul(x, w, b))
+    print(select_config(m, n, k, resolved(group, k), INTERPRETER).id, v.summary())
+    assert v.passed, v.summary()
+    assert v.hard_violations == 0, v.summary()
+
+
+# Probe rows per kernel call for each path: GEMV with split-K, tensor cores with split-K, prefill.
+PROBE_PATHS = {"gemv": 1, "splitk-dot": 16, "prefill": 128}
+
+
+def probe_cases():
+    """Each path x dtype x symmetry, groups rotating; combinations with K % G != 0 dropped."""
+    cases = []
+    for i, (path, dname, sym) in enumerate(product(PROBE_PATHS, DTYPES, (True, False))):
+        group = GROUPS[i % len(GROUPS)]
+        # The GEMV path takes one probe row per call: keep its K (the one-hot count) short.
+        k, n = (64 if path == "gemv" else 256), 72
+        if k % resolved(group, k):
+            continue
+        bias = i % 3 != 2
+        case_id = f"K{k}xN{n}-G{group}-{path}-{dname}-{'sym' if sym else 'asym'}{'-bias' if bias else ''}"
+        cases.append(pytest.param(k, n, group, sym, DTYPES[dname], PROBE_PATHS[path], bias, id=case_id))
+    return cases
+
+
+@pytest.mark.parametrize("k, n, group, symmetric, dtype, max_m, bias", probe_cases())
+def test_exact_probes(k, n, group, symmetric, dtype, max_m, bias):
+    g = torch.Generator().manual_seed(k + n + max_m)
+    pw = probe_weight(n, k, group, symmetric, dtype, g)
+    kw = to_kernel_layout(pw, dtype)
+    b = (0.5 * torch.randn(n, generator=g)).to(dtype) if bias else None
+    r = run_probes(lambda x, bb: run_kernel(kw, x, bb), pw, dtype, bias=b, max_m=max_m, generator=g)
+    assert r.passed, r.summary()
+
+
+@pytest.mark.parametrize("m", (1, 16, 129), ids=lambda m: f"M{m}")
+def test_deterministic(m):
+    _, kw, x, b = make_inputs(256, 200, m, 64, False, torch.bfloat16, True, False, seed=m)
+    first = run_kernel(kw, x, b)
+    assert torch.equal(first, run_kernel(kw, x, b))
+
+
+def interpreter_buckets():
+    """(smallest M, largest M) of each interpreter-table bucket holding more than one M; the open
+    last bucket is cut at 129."""
+    out, lo = [], 1
+    for max_m, _ in INTERPRETED.buckets:
+        hi = 129 if max_m is None else max_m
+        if hi > lo:
+            out.append(pytest.param(lo, hi, id=f"M{lo}-{hi}"))
+        lo = hi + 1
+    return out
+
+
+@pytest.mark.parametrize("lo, hi", interpreter_buckets())
+def test_batch_invariant_within_bucket(lo, hi):
+    """Row i is bit-identical for every M in one bucket (the documented exception is crossing a
+    bucket edge, where the split and summation order change)."""
+    _, kw, x, b = make_inputs(256, 200, hi, 64, False, torch.float16, True, False, seed=hi)
+    full = run_kernel(kw, x, b)
+    for m in sorted({lo, (lo + hi) // 2}):
+        assert torch.equal(run_kernel(kw, x[:m], b), full[:m]), f"M={m} differs from the first {m} rows at M={hi}"
+
+
+@pytest.mark.parametrize("m, dtype", ((2, torch.float16), (17, torch.bfloat16)), ids=("M2-fp16", "M17-bf16"))
+def test_channelwise_k_below_dot_minimum(m, dtype):
+    """K = 200 channelwise: its largest power-of-two divisor (8) is below tl.dot's minimum K, so
+    every M falls back to GEMV tiles."""
+    k, n = 200, 40
+    assert not select_config(m, n, k, k, INTERPRETER).use_dot
+    w, kw, x, b = make_inputs(k, n, m, -1, False, dtype, True, True, seed=m)
+    v = judge(run_kernel(kw, x, b), reference_matmul(x, w, b), dequant_dtype=dtype)
+    assert v.passed, v.summary()
+
+
+def test_unsigned_packed_words_match_int32():
+    _, kw, x, b = make_inputs(256, 72, 5, 32, False, torch.float16, True, False, seed=1)
+    signed = run_kernel(kw, x, b)
+    unsigned = w4a16_matmul(x, kw.qweight.view(torch.uint32), kw.scales, kw.zeros.view(torch.uint32), 32, b)
+    assert torch.equal(signed, unsigned)
+
+
+def table_config_cases():
+    """The smallest M of every bucket of the GPU tables."""
+    cases = []
+    for table in (HOPPER, GENERIC):
+        firsts = [1] + [max_m + 1 for max_m, _ in table.buckets[:-1]]
+        cases += [pytest.param(table.name, m, id=f"{table.name}-M{m}") for m in firsts]
+    return cases
+
+
+@pytest.mark.parametrize("table_name, m", table_config_cases())
+def test_gpu_table_configs_compute_correctly(table_name, m):
+    """Each GPU bucket's config, fitted to a small problem and forced on the interpreter."""
+    k, n, group = 256, 72, 128
+    table = next(t for t in TABLES if t.name == table_name)
+    cfg = select_config(m, n, k, group, "NVIDIA H200" if table is HOPPER else "AMD Instinct MI300X")
+    w, kw, x, b = make_inputs(k, n, m, group, False, torch.bfloat16, True, False, seed=m)
+    v = judge(run_kernel(kw, x, b, config=cfg), reference_matmul(x, w, b), dequant_dtype=torch.bfloat16)
+    assert v.passed, f"{cfg.id}: {v.summary()}"
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        raise AssertionError("a kernel was launched before the arguments were rejected")
+
+
+def _valid_args():
+    """k=256, n=72, G=64, fp16, asymmetric, with bias: (x, qweight, scales, zeros, group_size, bias)."""
+    _, kw, x, b = make_inputs(256, 72, 3, 64, False, torch.float16, True, False, seed=0)
+    return [x, kw.qweight, kw.scales, kw.zeros, 64, b]
+
+
+def _unpacked_zeros(a):
+    a[3] = torch.full((72, 4), 8.0, dtype=torch.float16)
+
+
+def _k_not_multiple_of_group(a):
+    a[0], a[1], a[4] = a[0][:, :200], torch.zeros(72, 25, dtype=torch.int32), 32
+
+
+CONTRACT_VIOLATIONS = {
+    "unpacked-fp16-zero-points": (_unpacked_zeros,
+                                  r"Zero points must be int32 or uint32 \(packed 8x uint4 along dim 0\)"),
+    "zero-points-wrong-shape": (lambda a: a.__setitem__(3, a[3][:, :2].contiguous()), "Zero points must be"),
+    "scales-fp32": (lambda a: a.__setitem__(2, a[2].float()), "scales must be float16"),
+    "scales-transposed": (lambda a: a.__setitem__(2, a[2].t().contiguous()), "scales must be"),
+    "K-not-multiple-of-G": (_k_not_multiple_of_group, "K must be a multiple of group_size"),
+    "group-size-16": (lambda a: a.__setitem__(4, 16), "group_size must be one of"),
+    "x-fp32": (lambda a: a.__setitem__(0, a[0].float()), "x must be float16 or bfloat16"),
+    "x-column-major": (lambda a: a.__setitem__(0, a[0].t().contiguous().t()), "contiguous along K"),
+    "x-no-rows": (lambda a: a.__setitem__(0, a[0][:0]), "M >= 1"),
+    "qweight-unpacked-uint8": (lambda a: a.__setitem__(1, torch.zeros(72, 256, dtype=torch.uint8)),
+                               "qweight must be int32"),
+    "bias-bf16": (lambda a: a.__setitem__(5, a[5].bfloat16()), "bias must be float16"),
+}
+
+
+@pytest.mark.parametrize("mutate, message", CONTRACT_VIOLATIONS.values(), ids=CONTRACT_VIOLATIONS.keys())
+def test_contract_violation_raises_before_launch(monkeypatch, mutate, message):
+    monkeypatch.setattr(triton_w4a16, "_w4a16_kernel", _NoLaunch())
+    monkeypatch.setattr(triton_w4a16, "_split_k_reduce_kernel", _NoLaunch())
+    args = _valid_args()
+    mutate(args)
+    with pytest.raises(ContractError, match=message):
+        w4a16_matmul(*args)
+
+
+def test_straddling_config_override_rejected_before_launch(monkeypatch):
+    monkeypatch.setattr(triton_w4a16, "_w4a16_kernel", _NoLaunch())
+    with pytest.raises(ValueError, match="straddles"):
+        w4a16_matmul(*_valid_args(), config=TileConfig(16, 64, 128))
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda t: t.name)
+def test_tables_never_straddle_a_group(table):
+    """Every M in 1..4096 on every real shape and group size: a valid config whose K-tiles stay
+    inside one group, identical for every M of a bucket (what batch invariance rests on)."""
+    device = {HOPPER: "NVIDIA H200", GENERIC: "AMD Instinct MI300X", INTERPRETED: INTERPRETER}[table]
+    assert table_for(device) is table
+    assert table.buckets[-1][0] is None
+    edges = [max_m for max_m, _ in table.buckets[:-1]]
+    assert edges == sorted(set(edges))
+    for shape, group in product(unique_shapes(), GROUPS):
+        k, n, g = shape.k, shape.n, resolved(group, shape.k)
+        if k % g:
+            continue
+        for m in range(1, 4097):
+            cfg = select_config(m, n, k, g, device)
+            if m == 1 or m - 1 in edges:
+                check_config(cfg, k, g)
+                bucket_cfg = cfg
+            assert no_straddle(cfg.block_k, k, g), f"{shape.id} G{group} M{m}: {cfg.id}"
+            assert cfg == bucket_cfg, f"{shape.id} G{group} M{m}: {cfg.id} differs within its bucket"
+
+
+def aot_compile_tables(target: str) -> None:
+    """Compile every config of the table for `target` ("cuda:90:32" or "hip:gfx942:64") ahead of
+    time, no device needed, and exit non-zero listing the failures. Runs in a subprocess: the
+    interpreter must be off when the kernels are defined."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    backend, arch, warp = target.split(":")
+    gpu = GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))
+    table = HOPPER if backend == "cuda" else GENERIC
+    ints = {"M", "N", "K", "stride_xm", "stride_qn", "stride_gn", "TILES_PER_GROUP", "TILES_PER_SPLIT", "splits"}
+    failures = []
+    for (_, cfg), dtype in product(table.buckets, ("fp16", "bf16")):
+        partials = cfg.split_k > 1
+        kernels = [(triton_w4a16._w4a16_kernel, dict(
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, WRITE_PARTIALS=partials,
+            USE_DOT=cfg.use_dot, HAS_ZEROS=True, HAS_BIAS=True, DOT_IN_FP32=False, GROUP_M=triton_w4a16.GROUP_M))]
+        if partials:
+            kernels.append((triton_w4a16._split_k_reduce_kernel,
+                            dict(HAS_BIAS=True, BLOCK=triton_w4a16.REDUCE_BLOCK)))
+        for fn, constexprs in kernels:
+            pointers = {"qweight_ptr": "*i32", "zeros_ptr": "*i32", "workspace_ptr": "*fp32",
+                        "out_ptr": "*fp32" if partials and fn is triton_w4a16._w4a16_kernel else f"*{dtype}"}
+            sig = {a: "constexpr" if a in constexprs else "i32" if a in ints else pointers.get(a, f"*{dtype}")
+                   for a in fn.arg_names}
+            # What a launch on real shapes specializes: aligned pointers, N, K and strides % 16 == 0.
+            aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                       if sig[a].startswith("*") or a in ("N", "K", "stride_xm", "stride_qn", "stride_gn")}
+            try:
+                triton.compile(ASTSource(fn, sig, constexprs, aligned), target=gpu,
+                               options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+            except Exception as e:  # every failure is reported, not just the first
+                failures.append(f"{fn.__name__} {cfg.id} {dtype}: {type(e).__name__}: {str(e)[:500]}")
+    if failures:
+        sys.exit("\n".join(failures))
+
+
+@pytest.mark.parametrize("target, backend", (("cuda:90:32", "nvidia"), ("hip:gfx942:64", "amd")),
+                         ids=("sm90", "gfx942"))
+def test_gpu_tables_compile_for_real_targets(target, backend):
+    """The kernels as a GPU compiles them (layouts, tl.dot shapes, register allocation): Hopper
+    and CDNA3 code for every table config, built on this CPU-only machine."""
+    if backend not in triton.backends.backends:
+        reason = f"this triton build has no {backend} backend"
+        if os.environ.get("W4A16_REQUIRE_COMPILERS") == "1":
+            pytest.fail(f"{reason}, and W4A16_REQUIRE_COMPILERS=1 requires it")
+        pytest.skip(reason)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", f"from tests.test_triton_kernel import aot_compile_tables as f; "
+                          f"f({target!r})"], cwd=Path(__file__).resolve().parents[1], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+
+
+def test_h200_bench_dry_run(tmp_path):
+    """bench/triton_h200.py's CPU parts: argument parsing, case lists, floors, the candidate
+    configs' validity and the report."""
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "bench" / "triton_h200.py"), "--dry-run", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    plan = json.loads((tmp_path / "triton_h200.json").read_text())["plan"]
+    assert plan["parity_cells"] == len(unique_shapes()) * len(DECODE_BATCHES + PREFILL_BATCHES) * 4
+    assert all(c["floor_us"] > 0 for c in plan["timing"])
+    assert (tmp_path / "triton_h200.md").read_text().startswith("# Triton W4A16 kernel")
