@@ -37,11 +37,17 @@ class CaseReport:
             self.probe is None or self.probe.passed)
 
 
-def call_kernel(spec: KernelSpec, prepared: tuple, x: torch.Tensor, group_size: int,
+def call_kernel(spec: KernelSpec, prepared: tuple, x: torch.Tensor, n: int, group_size: int,
                 bias: torch.Tensor | None) -> torch.Tensor:
-    """Hand the kernel copies, so it cannot corrupt the oracle's tensors."""
+    """Hand the kernel copies, so it cannot corrupt the oracle's tensors, and a NaN-poisoned
+    output buffer when it writes into one."""
     weight, scales, zeros = (None if t is None else t.clone() for t in prepared)
-    return spec.fn(x.clone(), weight, scales, zeros, group_size, None if bias is None else bias.clone())
+    args = (x.clone(), weight, scales, zeros, group_size, None if bias is None else bias.clone())
+    if not spec.writes_out:
+        return spec.fn(*args)
+    out = torch.full((x.shape[0], n), float("nan"), dtype=x.dtype, device=x.device)
+    spec.fn(*args, out=out)
+    return out
 
 
 def check_case(spec: KernelSpec, case: Case, seed: int = 0, device: str | torch.device = "cpu",
@@ -51,7 +57,7 @@ def check_case(spec: KernelSpec, case: Case, seed: int = 0, device: str | torch.
     try:
         inp = make_inputs(case, seed, device)
         prepared = spec.prepare(inp.weight, case.dtype)
-        out = call_kernel(spec, prepared, inp.x, case.group_size, inp.bias)
+        out = call_kernel(spec, prepared, inp.x, case.n, case.group_size, inp.bias)
         ref = reference_matmul(inp.x, inp.weight, inp.bias)
         verdict = judge(out, ref, dequant_dtype=spec.dequant(case.dtype), dequant_roundings=spec.dequant_roundings,
                         baseline=plain_torch_matmul(inp.x, inp.weight, inp.bias))
@@ -63,7 +69,7 @@ def check_case(spec: KernelSpec, case: Case, seed: int = 0, device: str | torch.
             pw = probe_weight(case.n, case.k, case.group_size, case.symmetric, case.dtype, g).to(device)
             p_prepared = spec.prepare(pw, case.dtype)
             bias = inp.bias
-            probe = run_probes(lambda x, b: call_kernel(spec, p_prepared, x, case.group_size, b), pw, case.dtype,
+            probe = run_probes(lambda x, b: call_kernel(spec, p_prepared, x, case.n, case.group_size, b), pw, case.dtype,
                                bias, max_m=spec.max_m or 4096, generator=g)
         error = None
     except Exception as exc:  # a crashing kernel is a failed case, reported with its traceback

@@ -18,14 +18,17 @@ import torch
 from .canonical import QuantizedWeight
 from .cases import Case
 from .errors import LayoutError
-from .layouts import nibbles
+from .layouts import nibbles, to_awq, to_gptq
 from .layouts.kernel import pack_zero_points, zero_points_to_float
 
 # weight layouts a spec may ask for:
 #   "kernel":    int32 [N, K/8] packed along K, natural order (compressed-tensors bytes)
 #   "exllama":   int32 [N, K/8] packed along K, AWQ interleave
 #   "canonical": uint8 [N, K], values 0..15
-WEIGHT_LAYOUTS = ("kernel", "exllama", "canonical")
+#   "awq":       the AutoAWQ GEMM triple (qweight [K, N/8], scales [K/G, N], qzeros [K/G, N/8])
+#   "gptq":      the GPTQ v2 triple (qweight [K/8, N], scales [K/G, N], qzeros [K/G, N/8])
+# For "awq" and "gptq" the zero points come in that format's own layout; zero_layout is ignored.
+WEIGHT_LAYOUTS = ("kernel", "exllama", "canonical", "awq", "gptq")
 # zero-point layouts: "packed" int32 [N/8, groups]; "unpacked" x.dtype [N, groups] holding z as
 # a float; "canonical" uint8 [N, groups]. Symmetric weights always pass zeros=None.
 ZERO_LAYOUTS = ("packed", "unpacked", "canonical")
@@ -39,6 +42,8 @@ class KernelSpec:
                    None if it keeps W exact, e.g. scaling after an integer dot); sets u_w.
     dequant_roundings: c_w, 1 for (q - z) * s, 2 for q * s + (-z * s) or float-zero forms.
     can_implement: optional extra gate, case -> (ok, reason).
+    writes_out:    the kernel takes a keyword `out` (x.dtype [M, N]) and fills it; the harness
+                   fills it with NaN first, so an element the kernel never writes cannot pass.
     """
 
     name: str
@@ -51,6 +56,7 @@ class KernelSpec:
     dequant_dtype: torch.dtype | str | None = "activation"
     dequant_roundings: int = 1
     can_implement: Callable[[Case], tuple[bool, str]] | None = None
+    writes_out: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_layout not in WEIGHT_LAYOUTS:
@@ -76,6 +82,10 @@ class KernelSpec:
         """(weight, scales, zeros) in this spec's layouts; scales in `act_dtype`."""
         if w.has_act_order:
             raise LayoutError(f"{self.name}: act-order weights are not part of the kernel calling convention")
+        scales = w.scales.to(act_dtype).contiguous()
+        if self.weight_layout in ("awq", "gptq"):
+            t = to_awq(w.with_scales(scales)) if self.weight_layout == "awq" else to_gptq(w.with_scales(scales), 2)
+            return t["qweight"], t["scales"], None if w.zeros is None else t["qzeros"]
         weight = {
             "kernel": lambda: nibbles.pack(w.q, 1),
             "exllama": lambda: nibbles.pack(w.q, 1, nibbles.AWQ_ORDER),
@@ -88,4 +98,4 @@ class KernelSpec:
                 "unpacked": lambda: zero_points_to_float(w.zeros, act_dtype),
                 "canonical": lambda: w.zeros.clone(),
             }[self.zero_layout]()
-        return weight, w.scales.to(act_dtype).contiguous(), zeros
+        return weight, scales, zeros

@@ -116,3 +116,43 @@ def test_cli_exit_codes(tmp_path, capsys):
 def test_cli_rejects_a_non_spec():
     with pytest.raises(SystemExit, match="expected oracle.cases:Case to be an oracle.kernel_spec.KernelSpec"):
         main(["check", "oracle.cases:Case"])
+
+
+def test_unwritten_element_of_an_out_buffer_cannot_pass():
+    def lazy(x, weight, scales, zeros, group_size, bias, out):
+        out[:, :-1] = torch_dequant.fn(x, weight, scales, zeros, group_size, bias)[:, :-1]
+
+    def diligent(x, weight, scales, zeros, group_size, bias, out):
+        out.copy_(torch_dequant.fn(x, weight, scales, zeros, group_size, bias))
+
+    case = parity_cases("cpu")[0]
+    assert not check_case(type(torch_dequant)(name="lazy", fn=lazy, writes_out=True), case).passed
+    assert check_case(type(torch_dequant)(name="diligent", fn=diligent, writes_out=True), case).passed
+
+
+@pytest.mark.parametrize("layout", ["awq", "gptq", "exllama", "canonical"])
+def test_kernels_taking_other_layouts_are_fed_them(layout):
+    from oracle import QuantizedWeight
+    from oracle.layouts import from_awq, from_gptq, nibbles
+    from oracle.reference import plain_torch_matmul
+
+    def unpack(weight, scales, zeros, group_size):
+        if layout == "awq":
+            t = {"qweight": weight, "scales": scales} | ({} if zeros is None else {"qzeros": zeros})
+            return from_awq(t, group_size, symmetric=zeros is None)
+        if layout == "gptq":
+            k = weight.shape[0] * 8
+            g = torch.arange(k, dtype=torch.int32) // (k if group_size == -1 else group_size)
+            qz = zeros if zeros is not None else nibbles.pack(torch.full((scales.shape[0], scales.shape[1]), 8,
+                                                                         dtype=torch.uint8), 1)
+            return from_gptq({"qweight": weight, "scales": scales, "qzeros": qz, "g_idx": g}, group_size, 2,
+                             symmetric=zeros is None)
+        q = weight if layout == "canonical" else nibbles.unpack(weight, 1, nibbles.AWQ_ORDER)
+        return QuantizedWeight(q, scales, None if zeros is None else nibbles.unpack(zeros, 0), group_size)
+
+    def fn(x, weight, scales, zeros, group_size, bias):
+        return plain_torch_matmul(x, unpack(weight, scales, zeros, group_size), bias)
+
+    spec = type(torch_dequant)(name=layout, fn=fn, weight_layout=layout)
+    for case in parity_cases("cpu", keep=lambda c: c.m == 3 and c.k == 512):
+        assert check_case(spec, case, probes=False).passed, case.id

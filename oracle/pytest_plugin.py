@@ -1,0 +1,113 @@
+"""pytest plugin: `pytest --w4a16-kernel=package.module:spec` runs the parity matrix against a kernel.
+
+One option group (`--w4a16-*`), one fixture (`w4a16_check`, for writing your own cases), and one
+hook (`pytest_w4a16_cases`, in `oracle.pytest_hooks`) to add cases. Every case is its own test
+item with a readable id (`kernel::shape-G-M-dtype-sym`), so it works with `-n auto` and `-k`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from . import pytest_hooks
+from .cases import TIERS, Case, parity_cases
+from .check import CaseReport, check_case, probe_key
+from .kernel_spec import KernelSpec
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("w4a16", "W4A16 kernel parity (oracle)")
+    group.addoption("--w4a16-kernel", action="append", default=[], metavar="package.module:spec",
+                    help="a KernelSpec to run the parity matrix against (repeatable)")
+    group.addoption("--w4a16-tier", choices=TIERS, default="cpu", help="case matrix size (default: cpu)")
+    group.addoption("--w4a16-device", default=None, help="cpu or cuda (default: cuda when available)")
+    group.addoption("--w4a16-seed", type=int, default=0, help="seed of the random inputs")
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(pytest_hooks)
+
+
+def _device(config: pytest.Config) -> str:
+    return config.getoption("w4a16_device") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class W4A16CaseItem(pytest.Item):
+    def __init__(self, *, spec: KernelSpec, case: Case, probes: bool, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.spec, self.case, self.probes = spec, case, probes
+        self.report: CaseReport | None = None
+
+    def runtest(self) -> None:
+        config = self.config
+        self.report = check_case(self.spec, self.case, config.getoption("w4a16_seed"), _device(config), self.probes)
+        if not self.report.passed:
+            raise W4A16Failure(self.report)
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, W4A16Failure):
+            return describe_failure(excinfo.value.report)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.spec.name}::{self.case.id}"
+
+
+class W4A16Failure(Exception):
+    def __init__(self, report: CaseReport) -> None:
+        super().__init__(report.case_id)
+        self.report = report
+
+
+def describe_failure(r: CaseReport) -> str:
+    lines = [f"{r.kernel} {r.case_id}"]
+    if r.error:
+        lines.append(r.error)
+    if r.verdict is not None and not r.verdict.passed:
+        lines.append(r.verdict.summary())
+    if r.diagnosis:
+        lines.append(f"diagnosis: {r.diagnosis}")
+    if r.probe is not None and not r.probe.passed:
+        lines.append(r.probe.summary())
+    return "\n".join(lines)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    targets = config.getoption("w4a16_kernel")
+    if not targets:
+        return
+    from .cli import load_spec
+
+    if _device(config) == "cpu":
+        # Triton kernels reach the CPU only through the interpreter, chosen before they import.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    cases = parity_cases(config.getoption("w4a16_tier"))
+    config.hook.pytest_w4a16_cases(config=config, cases=cases)
+    for target in targets:
+        spec = load_spec(target)
+        probed: set[tuple] = set()
+        for case in cases:
+            if not spec.supports(case)[0]:
+                continue
+            key = probe_key(case)
+            items.append(W4A16CaseItem.from_parent(session, name=f"{spec.name}::{case.id}", spec=spec, case=case,
+                                                   probes=key not in probed))
+            probed.add(key)
+
+
+@pytest.fixture
+def w4a16_check(request: pytest.FixtureRequest) -> Callable[[KernelSpec, Case], CaseReport]:
+    """check(spec, case, probes=True) -> CaseReport; fails the test with the full report on failure."""
+    device = _device(request.config)
+
+    def check(spec: KernelSpec, case: Case, probes: bool = True) -> CaseReport:
+        report = check_case(spec, case, request.config.getoption("w4a16_seed"), device, probes)
+        if not report.passed:
+            pytest.fail(describe_failure(report), pytrace=False)
+        return report
+
+    return check
