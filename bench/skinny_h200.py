@@ -3,6 +3,8 @@
     python bench/skinny_h200.py --out DIR          # build, opcheck, parity matrix, timing (< ~6 min)
     compute-sanitizer --tool memcheck python bench/skinny_h200.py --sanitize
     python bench/skinny_h200.py --dry-run --out DIR   # CPU: the pure-Python parts, a stand-in kernel
+    python bench/skinny_h200.py --variants --out DIR  # every kernel variant: quick parity, then timing (< 4 min)
+    python bench/skinny_h200.py --variants --dry-run --out DIR
 
 Parity: oracle.shapes.unique_shapes() x M in {1..8, 16} x fp16/bf16 x sym/asym at G=128, and a
 subset at G=32/64, for both engines, judged by the oracle's error model (dequant into the
@@ -10,12 +12,18 @@ activation dtype, one rounding) against a plain torch baseline, plus exact probe
 Timing (DESIGN.md section 5): cold weights (rotating copies over 500 MiB), a CUDA graph of R
 calls each on its own copy, per call = replay / R, median of replays; floor = bytes / measured
 copy bandwidth. Writes DIR/skinny_h200.json and DIR/skinny_h200.md.
+
+--variants compares optimized.skinny.VARIANTS in one run (see run_variants): a quick parity check
+of each (6 weights, M in {1, 5, 16}, exact probes on one), then the same cold-weight graph timing
+on 5 large shapes at M in {1, 2, 4, 5, 8, 9, 16}; prints a compact table last and writes
+DIR/skinny_variants.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import platform
@@ -171,7 +179,10 @@ def bound_kernel(kernel: KernelFn, weight: QuantizedWeight, dtype: torch.dtype, 
     return run
 
 
-def run_parity(kernel: KernelFn, cases: list[ParityCase], device: str, engines=ENGINES) -> list[dict]:
+def run_parity(kernel: KernelFn, cases: list[ParityCase], device: str, engines=ENGINES,
+               probe_max_m: int = skinny.MAX_M, tag: dict | None = None, quiet: bool = False) -> list[dict]:
+    """Judge `kernel` on every case, engine and M; tag: fields added to every row."""
+    tag = tag or {}
     rows = []
     gen = torch.Generator(device=device).manual_seed(0)
     for i, case in enumerate(cases):
@@ -184,7 +195,7 @@ def run_parity(kernel: KernelFn, cases: list[ParityCase], device: str, engines=E
             ref_all = reference_matmul(x_all, weight, bias)
             baseline_all = plain_torch_matmul(x_all, weight, bias)
         except Exception as e:  # noqa: BLE001 - recorded, the matrix goes on
-            rows.append({"case": case.id, "stage": "setup", "passed": False, "error": repr(e),
+            rows.append({**tag, "case": case.id, "stage": "setup", "passed": False, "error": repr(e),
                          "trace": traceback.format_exc(limit=3)})
             log(f"[parity {i + 1}/{len(cases)}] {case.id}: setup error {e!r}")
             continue
@@ -192,7 +203,7 @@ def run_parity(kernel: KernelFn, cases: list[ParityCase], device: str, engines=E
         for engine in engines:
             call = bound_kernel(kernel, weight, dtype, engine)
             for m in case.ms:
-                row = {"case": case.id, "engine": engine, "m": m, "kind": "random"}
+                row = {**tag, "case": case.id, "engine": engine, "m": m, "kind": "random"}
                 try:
                     out = call(x_all[:m], bias)
                     v = judge(out, first_rows(ref_all, m), dequant_dtype=dtype, dequant_roundings=1,
@@ -206,19 +217,22 @@ def run_parity(kernel: KernelFn, cases: list[ParityCase], device: str, engines=E
                 fails += not row["passed"]
                 rows.append(row)
             if case.probes:
-                row = {"case": case.id, "engine": engine, "m": skinny.MAX_M, "kind": "probes"}
+                row = {**tag, "case": case.id, "engine": engine, "m": probe_max_m, "kind": "probes"}
                 try:
                     pw = probe_weight(min(case.shape.n, 256), case.shape.k, case.group, case.symmetric, dtype,
                                       generator=torch.Generator().manual_seed(1)).to(device)
                     pbias = bias[:pw.n]
-                    res = run_probes(bound_kernel(kernel, pw, dtype, engine), pw, dtype, pbias, max_m=skinny.MAX_M)
+                    res = run_probes(bound_kernel(kernel, pw, dtype, engine), pw, dtype, pbias, max_m=probe_max_m)
                     row.update(passed=res.passed, rows=res.rows, mismatches=res.mismatches,
                                summary=None if res.passed else res.summary())
                 except Exception as e:  # noqa: BLE001
                     row.update(passed=False, error=repr(e), trace=traceback.format_exc(limit=3))
                 fails += not row["passed"]
                 rows.append(row)
-        log(f"[parity {i + 1}/{len(cases)}] {case.id}: {fails} failing cells ({time.perf_counter() - t0:.1f}s)")
+        if not quiet or fails:
+            label = "".join(f"{k}={v} " for k, v in tag.items())
+            log(f"[parity {i + 1}/{len(cases)}] {label}{case.id}: {fails} failing cells "
+                f"({time.perf_counter() - t0:.1f}s)")
         del weight, ref_all, baseline_all
     return rows
 
@@ -267,7 +281,7 @@ def copy_bandwidth(device: str) -> dict:
     return {"bytes_per_s": 2 * (1 << 30) / t, "seconds": t}
 
 
-def graph_time(fns: list[Callable[[], object]]) -> float:
+def graph_time(fns: list[Callable[[], object]], replays: int = REPLAYS) -> float:
     """Per-call seconds: a CUDA graph of the calls (one per cold copy), median replay / count."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -280,7 +294,7 @@ def graph_time(fns: list[Callable[[], object]]) -> float:
         for fn in fns:
             fn()
     times = []
-    for _ in range(REPLAYS + 1):
+    for _ in range(replays + 1):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
@@ -369,6 +383,297 @@ def run_sanitize(device: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# Variants: every kernel variant in one run (--variants)
+
+# Parity: the pipelined kernel with rings that wrap (K = 16384 at 8 warps per row: 16 iterations
+# a warp), partial row tiles (N % 16 = 8), N = 8, G = 32 on the pipelined path, a K tail (the base
+# kernel's fallback), and exact probes on a small weight (the simt engine probes one row at a time).
+VARIANT_MID = LinearShape("variants", "mid", 16384, 1032)
+VARIANT_G32 = LinearShape("variants", "g32", 2048, 264)
+VARIANT_PROBE = LinearShape("variants", "probe", 512, 256)
+VARIANT_PARITY_M = (1, 5, 16)
+# Timing: the decode shapes of Llama-3.1-8B / 3.3-70B class models, fp16 sym and bf16 asym.
+VARIANT_SHAPES = ((4096, 28672), (8192, 57344), (28672, 8192), (14336, 4096), (8192, 10240))
+VARIANT_M = (1, 2, 4, 5, 8, 9, 16)
+VARIANT_COLD_BYTES = 1 << 30  # weight copies rotated per graph
+VARIANT_MIN_COPIES = 4
+VARIANT_REPLAYS = 15
+VARIANT_BUDGET_S = 215  # timing cells past this many seconds since start are skipped (recorded)
+
+
+def variant_parity_cases() -> list[ParityCase]:
+    n8 = next(s for s in unique_shapes() if s.model == "boundary" and s.layer == "n8")
+    return [  # the first two: the instances the timing runs (fp16 sym, bf16 asym at G = 128)
+        ParityCase(VARIANT_MID, "fp16", True, 128, VARIANT_PARITY_M, False),
+        ParityCase(VARIANT_MID, "bf16", False, 128, VARIANT_PARITY_M, False),
+        ParityCase(n8, "fp16", False, 128, VARIANT_PARITY_M, False),
+        ParityCase(TAIL_SHAPE, "bf16", False, 64, VARIANT_PARITY_M, False),
+        ParityCase(VARIANT_G32, "bf16", False, 32, VARIANT_PARITY_M, False),
+        ParityCase(VARIANT_PROBE, "fp16", False, 128, (1,), True),
+    ]
+
+
+def variant_timing_cases() -> list[TimingCase]:
+    return [TimingCase(k, n, dtype, sym) for k, n in VARIANT_SHAPES for dtype, sym in (("fp16", True), ("bf16", False))]
+
+
+def simt_timed_variants() -> list[int]:
+    """Variants whose simt engine differs (split8 and scale-after change nothing at M = 1 there)."""
+    return [v for v, name in enumerate(skinny.VARIANTS) if not name.endswith(("_split8", "_sa"))]
+
+
+def run_variant_parity(kernel: KernelFn, device: str, cases: list[ParityCase] | None = None) -> list[dict]:
+    """Every variant with the mma engine at VARIANT_PARITY_M, and with the simt engine at M = 1
+    (its pipelined instances exist for M = 1 only)."""
+    cases = variant_parity_cases() if cases is None else cases
+    simt_cases = [dataclasses.replace(c, ms=(1,)) for c in cases]
+    rows = []
+    for v, name in enumerate(skinny.VARIANTS):
+        t0 = time.perf_counter()
+        fn = functools.partial(kernel, variant=v)
+        tag = {"variant": v, "variant_name": name}
+        new = run_parity(fn, cases, device, engines=("mma",), tag=tag, quiet=True)
+        new += run_parity(fn, simt_cases, device, engines=("simt",), probe_max_m=1, tag=tag, quiet=True)
+        fails = sum(not r.get("passed") for r in new)
+        log(f"[variant parity] {v} {name}: {len(new) - fails}/{len(new)} passed ({time.perf_counter() - t0:.1f}s)")
+        rows += new
+    return rows
+
+
+def failed_variants(parity: list[dict]) -> set[tuple[int, str]]:
+    return {(r["variant"], r.get("engine", "mma")) for r in parity if not r.get("passed")}
+
+
+def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set[tuple[int, str]],
+                       cases: list[TimingCase] | None = None, ms=VARIANT_M) -> list[dict]:
+    """Cold-weight graph timing of every variant (mma; simt at M = 1) on the same weights and x,
+    variants interleaved per (case, M), with the base variant timed again last as a noise check.
+    A variant that failed parity on an engine is not timed on it (an illegal access would poison
+    the context for every later cell)."""
+    rows = []
+    for i, case in enumerate(variant_timing_cases() if cases is None else cases):
+        dtype = DTYPES[case.dtype]
+        k, n, g = case.k, case.n, 128
+        t0 = time.perf_counter()
+        if time.perf_counter() > deadline:
+            rows.append({"case": case.id, "skipped": "time budget"})
+            continue
+        try:
+            weight_bytes = floor_bytes(0, k, n, g, case.symmetric)
+            copies = max(VARIANT_MIN_COPIES, min(MAX_COPIES, math.ceil(VARIANT_COLD_BYTES / weight_bytes)))
+            packs = []
+            for _ in range(copies):
+                q = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device=device)
+                s = (torch.rand(n, k // g, device=device) * 1e-3 + 1e-4).to(dtype)
+                z = None if case.symmetric else torch.randint(-2**31, 2**31 - 1, (n // 8, k // g), dtype=torch.int32,
+                                                             device=device)
+                packs.append((q, s, z))
+        except Exception as e:  # noqa: BLE001
+            rows.append({"case": case.id, "error": repr(e)})
+            log(f"[variant timing {i + 1}] {case.id}: setup error {e!r}")
+            continue
+        for mi, m in enumerate(ms):
+            x = torch.randn(m, k, device=device).to(dtype)
+            floor_s = floor_bytes(m, k, n, g, case.symmetric) / bandwidth
+            order = [(v, "mma") for v in range(len(skinny.VARIANTS))]
+            if m == 1:
+                order += [(v, "simt") for v in simt_timed_variants()]
+            if mi % 2:
+                order.reverse()
+            order.append((skinny.DEFAULT_VARIANT, "mma"))  # again: the run-to-run spread
+            for j, (v, engine) in enumerate(order):
+                row = {"case": case.id, "k": k, "n": n, "dtype": case.dtype, "symmetric": case.symmetric, "m": m,
+                       "variant": v, "variant_name": skinny.VARIANTS[v], "engine": engine,
+                       "repeat": j == len(order) - 1, "floor_us": floor_s * 1e6, "copies": copies}
+                if (v, engine) in skip:
+                    row["skipped"] = "failed parity"
+                elif time.perf_counter() > deadline:
+                    row["skipped"] = "time budget"
+                else:
+                    try:
+                        sec = graph_time([lambda p=p, v=v, engine=engine: torch.ops.w4a16.skinny_matmul(
+                            x, p[0], p[1], p[2], g, None, engine, v) for p in packs], VARIANT_REPLAYS)
+                        torch.cuda.synchronize()
+                        row["us"] = sec * 1e6
+                        row["pct_floor"] = 100 * floor_s / sec
+                    except Exception as e:  # noqa: BLE001
+                        row["error"] = repr(e)
+                rows.append(row)
+        best = {}
+        for r in rows:
+            if r.get("case") == case.id and "us" in r and r["engine"] == "mma" and not r["repeat"]:
+                if r["m"] not in best or r["us"] < best[r["m"]][0]:
+                    best[r["m"]] = (r["us"], r["variant"], r["pct_floor"])
+        log(f"[variant timing {i + 1}] {case.id}: {copies} copies, best (variant, % floor) by M: "
+            + " ".join(f"M{m}:v{b[1]}/{b[2]:.0f}" for m, b in sorted(best.items()))
+            + f" ({time.perf_counter() - t0:.1f}s)")
+        del packs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def variant_summary(timing: list[dict]) -> dict:
+    """Per variant (mma): the worst M = 1 % of floor over cases whose floor is >= 7 us, and the
+    worst t(M = 16) / t(M = 1) over cases (the targets: >= 90% and <= 1.15)."""
+    by = {}
+    for r in timing:
+        if "us" in r and r.get("engine") == "mma" and not r.get("repeat"):
+            by.setdefault(r["variant"], {})[(r["case"], r["m"])] = r
+    out = {}
+    for v, cells in sorted(by.items()):
+        m1 = [c["pct_floor"] for (case, m), c in cells.items() if m == 1 and c["floor_us"] >= 7]
+        ratios = [cells[(case, 16)]["us"] / c["us"] for (case, m), c in cells.items() if m == 1 and (case, 16) in cells]
+        pcts = [c["pct_floor"] for c in cells.values()]
+        out[skinny.VARIANTS[v]] = {
+            "variant": v, "cells": len(cells),
+            "min_m1_pct_floor": min(m1) if m1 else None,
+            "max_m16_over_m1": max(ratios) if ratios else None,
+            "geomean_pct_floor": math.exp(sum(math.log(x) for x in pcts) / len(pcts)) if pcts else None,
+        }
+    noise = []
+    for r in timing:
+        if r.get("repeat") and "us" in r:
+            first = [o for o in timing if o.get("case") == r["case"] and o.get("m") == r["m"] and "us" in o
+                     and o.get("variant") == r["variant"] and o.get("engine") == "mma" and not o.get("repeat")]
+            if first:
+                noise.append(abs(r["us"] / first[0]["us"] - 1) * 100)
+    return {"variants": out, "repeat_spread_pct": {"median": statistics.median(noise) if noise else None,
+                                                   "max": max(noise) if noise else None}}
+
+
+def variant_table(result: dict) -> str:
+    """The compact report printed last: per (case, M) each variant's us/% of floor (mma), the
+    simt engine at M = 1, the summary against the targets, and parity per variant (at the very
+    end, so that a clipped log keeps it)."""
+    names = skinny.VARIANTS
+    lines = ["", "== variants: " + "  ".join(f"v{v}={name}" for v, name in enumerate(names))]
+    if "bandwidth" in result:
+        lines.append(f"copy bandwidth {result['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s; build "
+                     f"{result.get('build_seconds', 0):.0f}s; total {result.get('seconds', 0):.0f}s")
+    timing = result.get("timing", [])
+    cells = {}
+    for r in timing:
+        if "variant" in r and not r.get("repeat"):
+            cells[(r["case"], r["m"], r["variant"], r["engine"])] = r
+    cases = list(dict.fromkeys(r["case"] for r in timing if "m" in r))
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return f"{'-':>9}"
+        if "us" in r:
+            return f"{r['us']:6.1f}/{r['pct_floor']:<2.0f}"[:9].rjust(9)
+        return f"{'skip' if 'skipped' in r else 'ERR':>9}"
+
+    lines.append("mma: us/% of floor per variant (best = fastest); case f16s = fp16 sym, b16a = bf16 asym")
+    lines.append(f"{'case':<20}{'M':>3}{'floor':>7} " + "".join(f"{'v' + str(v):>9}" for v in range(len(names)))
+                 + "  best noise%")
+    for case in cases:
+        label = case.replace("-fp16-sym", " f16s").replace("-bf16-asym", " b16a").replace("-fp16-asym", " f16a") \
+            .replace("-bf16-sym", " b16s")
+        for m in VARIANT_M:
+            rs = [cells.get((case, m, v, "mma")) for v in range(len(names))]
+            if all(r is None for r in rs):
+                continue
+            floor = next((r["floor_us"] for r in rs if r is not None and "floor_us" in r), 0.0)
+            timed = [(r["us"], v) for v, r in enumerate(rs) if r is not None and "us" in r]
+            best = f"v{min(timed)[1]}" if timed else "-"
+            rep = [r for r in timing if r.get("case") == case and r.get("m") == m and r.get("repeat") and "us" in r]
+            first = cells.get((case, m, skinny.DEFAULT_VARIANT, "mma"))
+            noise = f"{abs(rep[0]['us'] / first['us'] - 1) * 100:.1f}" if rep and first and "us" in first else "-"
+            lines.append(f"{label:<20}{m:>3}{floor:7.1f} " + "".join(cell(r) for r in rs) + f"  {best:>4} {noise:>5}")
+    simt = simt_timed_variants()
+    lines.append("simt, M = 1: us/% of floor for " + " ".join(f"v{v}" for v in simt))
+    for case in cases:
+        rs = [cells.get((case, 1, v, "simt")) for v in simt]
+        if any(r is not None for r in rs):
+            lines.append(f"{case:<28}" + "".join(cell(r) for r in rs))
+    summary = result.get("summary", {})
+    if summary:
+        lines.append("targets: M=1 >= 90% of floor (cases with floor >= 7 us), t(M=16)/t(M=1) <= 1.15")
+        for name, sm in summary["variants"].items():
+            fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+            lines.append(f"  v{sm['variant']} {name:<12} min M1 %floor {fmt(sm['min_m1_pct_floor'], '5.1f')}  "
+                         f"max t16/t1 {fmt(sm['max_m16_over_m1'], '5.2f')}  geomean %floor "
+                         f"{fmt(sm['geomean_pct_floor'], '5.1f')}")
+        sp = summary["repeat_spread_pct"]
+        if sp["median"] is not None:
+            lines.append(f"  base timed twice per (case, M): spread median {sp['median']:.1f}%, max {sp['max']:.1f}%")
+    parity = result.get("parity", [])
+    for v, name in enumerate(names):
+        rows = [r for r in parity if r.get("variant") == v]
+        bad = [r for r in rows if not r.get("passed")]
+        line = f"parity v{v} {name}: {len(rows) - len(bad)}/{len(rows)} passed"
+        if bad:
+            r = bad[0]
+            detail = r.get("error") or (r.get("summary") or "").splitlines()[0]
+            line += (f"; first failure {r['case']} {r.get('engine', '')} M={r.get('m', '')} {r.get('kind', '')}: "
+                     f"{detail[:120]}")
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def write_variants(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "skinny_variants.json").write_text(json.dumps(result, indent=1, default=str))
+
+
+def run_variants(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    if args.dry_run:
+        # CPU: the case lists, the parity plumbing per variant (the oracle as a stand-in kernel on
+        # small weights), and the report on made-up timings.
+        cases = variant_parity_cases()
+        log(f"[dry-run] {len(skinny.VARIANTS)} variants; parity {len(cases)} weights "
+            f"({sum(len(c.ms) for c in cases)} mma cells + {len(cases)} simt cells per variant); timing "
+            f"{len(variant_timing_cases())} weights x M {VARIANT_M}")
+        small = [ParityCase(LinearShape("dry", "tiny", 256, 64), "fp16", False, 128, (1, 5), True),
+                 ParityCase(LinearShape("dry", "tail", 96, 16), "bf16", True, 32, (1, 16), False)]
+        result = {"environment": environment("cpu"), "dry_run": True, "variants": list(skinny.VARIANTS),
+                  "bandwidth": {"bytes_per_s": 4.12e12, "seconds": 0.0}}
+        result["parity"] = run_variant_parity(reference_stand_in, "cpu", small)
+        fake = []
+        gen = torch.Generator().manual_seed(0)
+        for case in variant_timing_cases():
+            for m in VARIANT_M:
+                floor_us = floor_bytes(m, case.k, case.n, 128, case.symmetric) / 4.12e12 * 1e6
+                order = [(v, "mma") for v in range(len(skinny.VARIANTS))]
+                order += [(v, "simt") for v in simt_timed_variants()] if m == 1 else []
+                order.append((skinny.DEFAULT_VARIANT, "mma"))
+                for j, (v, engine) in enumerate(order):
+                    us = floor_us * (1.1 + float(torch.rand((), generator=gen)))
+                    fake.append({"case": case.id, "k": case.k, "n": case.n, "dtype": case.dtype,
+                                 "symmetric": case.symmetric, "m": m, "variant": v, "engine": engine,
+                                 "variant_name": skinny.VARIANTS[v], "repeat": j == len(order) - 1,
+                                 "floor_us": floor_us, "us": us, "pct_floor": 100 * floor_us / us})
+        fake[3] = {k: v for k, v in fake[3].items() if k not in ("us", "pct_floor")} | {"error": "dry-run error"}
+        result["timing"] = fake
+        result["summary"] = variant_summary(fake)
+        result["seconds"] = time.perf_counter() - start
+        write_variants(result, args.out)
+        log(variant_table(result))
+        return int(any(not r.get("passed") for r in result["parity"]))
+
+    device = "cuda"
+    deadline = start + args.budget_s
+    skinny.build(verbose=False)
+    result = {"environment": environment(device), "build_seconds": time.perf_counter() - start,
+              "variants": list(skinny.VARIANTS)}
+    log(f"[build] extension ready in {result['build_seconds']:.1f}s")
+    result["bandwidth"] = copy_bandwidth(device)
+    log(f"[bandwidth] copy {result['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s")
+    result["parity"] = run_variant_parity(skinny.skinny_matmul, device)
+    write_variants(result, args.out)  # keep parity even if timing dies
+    skip = failed_variants(result["parity"])
+    result["timing"] = run_variant_timing(result["bandwidth"]["bytes_per_s"], device, deadline, skip)
+    result["summary"] = variant_summary(result["timing"])
+    result["seconds"] = time.perf_counter() - start
+    write_variants(result, args.out)
+    log(f"wrote {args.out / 'skinny_variants.json'}")
+    log(variant_table(result))
+    return int(bool(skip))
+
+
+# ---------------------------------------------------------------------------------------------
 # Report
 
 
@@ -415,7 +720,7 @@ def write(result: dict, out: Path) -> None:
     log(f"wrote {out / 'skinny_h200.json'} and {out / 'skinny_h200.md'}")
 
 
-def reference_stand_in(x, qweight, scales, zeros, group_size, bias=None, *, engine="auto"):
+def reference_stand_in(x, qweight, scales, zeros, group_size, bias=None, *, engine="auto", variant=-1):
     """For --dry-run: the kernel's interface computed by the oracle on CPU (fp32, rounded once)."""
     from oracle.layouts import KernelWeights
 
@@ -429,7 +734,13 @@ def main() -> int:
     parser.add_argument("--sanitize", action="store_true", help="boundary shapes once, for compute-sanitizer")
     parser.add_argument("--dry-run", action="store_true", help="CPU only: case lists, judging and report plumbing")
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--variants", action="store_true", help="compare every kernel variant (parity, timing)")
+    parser.add_argument("--budget-s", type=float, default=VARIANT_BUDGET_S,
+                        help="--variants: skip timing cells past this many seconds from the start")
     args = parser.parse_args()
+
+    if args.variants:
+        return run_variants(args)
 
     if args.dry_run:
         cases = parity_cases()

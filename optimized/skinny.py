@@ -18,6 +18,15 @@ MAX_M = 16                   # rows of x per call (csrc/skinny_core.cuh kMaxM)
 GROUP_SIZES = (32, 64, 128)  # each lane's 32-k chunk must lie in one group
 ENGINES = ("auto", "mma", "simt")  # mma: CUDA tensor cores (sm_80+); simt: CUDA cores, the one HIP path
 ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
+# Kernel variants for benchmarking (csrc/skinny_core.cuh variant_spec, same order); -1 = the
+# default (DEFAULT_VARIANT). "base": each warp loads kUnroll iterations, waits, computes; the
+# others keep a ring of `s` iterations in flight per lane (regs: in registers; cp: cp.async into
+# shared memory), with `r4` = 4 rows per lane (else 2) and `sa` = scale applied to fp32 partial
+# sums (G = 128, mma). split8: choose_split aims at 8 blocks per SM for every M. The pipelined
+# kernel needs K % 128 == 0 and N >= 8 (else the base kernel runs); its simt engine exists for
+# M = 1 only (other M run the base kernel).
+VARIANTS = ("base", "base_split8", "regs_s4", "cp_s6", "cp_r4_s4", "cp_s6_sa", "cp_r4_s4_sa", "cp_s8")
+DEFAULT_VARIANT = 0
 
 OP = "w4a16::skinny_matmul"
 EXTENSION_NAME = "w4a16_skinny"
@@ -26,12 +35,12 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 torch.library.define(
     OP,
     "(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, int group_size, Tensor? bias=None, "
-    "str engine='auto') -> Tensor",
+    "str engine='auto', int variant=-1) -> Tensor",
 )
 
 
 @torch.library.register_fake(OP)
-def _skinny_matmul_fake(x, qweight, scales, zeros, group_size, bias=None, engine="auto"):
+def _skinny_matmul_fake(x, qweight, scales, zeros, group_size, bias=None, engine="auto", variant=-1):
     torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
     m, k = x.shape
     torch._check(1 <= m, lambda: "x must have at least one row")
@@ -72,6 +81,11 @@ def _cuda_flags() -> list[str]:
     return ["-O3", "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
 
 
+def _sources() -> list[Path]:
+    """The binding and one translation unit per variant (built in parallel by ninja)."""
+    return [CSRC / "skinny_binding.cu"] + [CSRC / f"skinny_inst_v{v}.cu" for v in range(len(VARIANTS))]
+
+
 def build(verbose: bool = False) -> None:
     """Compile and load the extension once per process; raises SkinnyUnavailable with the reason."""
     global _build_error, _built
@@ -87,7 +101,7 @@ def build(verbose: bool = False) -> None:
                 from torch.utils.cpp_extension import load
 
                 # extra_include_paths also tells ROCm's hipify where the included headers are.
-                load(name=EXTENSION_NAME, sources=[str(CSRC / "skinny_binding.cu")], extra_cuda_cflags=_cuda_flags(),
+                load(name=EXTENSION_NAME, sources=[str(f) for f in _sources()], extra_cuda_cflags=_cuda_flags(),
                      extra_include_paths=[str(CSRC)], is_python_module=False, verbose=verbose)
                 _built = True
                 return
@@ -108,13 +122,15 @@ def is_available() -> tuple[bool, str]:
 
 
 def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                  group_size: int, bias: torch.Tensor | None = None, *, engine: str = "auto") -> torch.Tensor:
+                  group_size: int, bias: torch.Tensor | None = None, *, engine: str = "auto",
+                  variant: int = -1) -> torch.Tensor:
     """y = x @ W^T + bias for decode batches (M <= MAX_M), W[n, k] = (q - z) * s per group.
 
     Arguments follow optimized/contract.py (dtypes, shapes, packing), with these limits:
     M <= MAX_M; group_size in GROUP_SIZES, so K is a multiple of 32; x rows 16-byte aligned (a
     misaligned x is copied first). qweight may also be the same bytes as int8/uint8 [N, K/2].
     engine: "auto" (tensor cores where the device has them), "mma" or "simt" (the HIP path).
+    variant: an index into VARIANTS, for benchmarking; -1 runs the default.
     Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics).
     Raises ContractError before any build or launch, SkinnyUnavailable when it cannot run here.
     """
@@ -126,9 +142,11 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
         raise ContractError(f"skinny_matmul handles M <= {MAX_M}, got M={problem.m} (use a prefill kernel)")
     if engine not in ENGINES:
         raise ContractError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if not isinstance(variant, int) or not -1 <= variant < len(VARIANTS):
+        raise ContractError(f"variant must be -1 (the default) or in [0, {len(VARIANTS)}), got {variant!r}")
     if x.device.type != "cuda":
         raise SkinnyUnavailable(f"skinny_matmul runs on CUDA/ROCm devices, got x on {x.device}")
     if x.data_ptr() % ROW_ALIGN_BYTES or (problem.m > 1 and x.stride(0) * x.element_size() % ROW_ALIGN_BYTES):
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation is aligned
     build()
-    return torch.ops.w4a16.skinny_matmul(x, qweight, scales, zeros, group_size, bias, engine)
+    return torch.ops.w4a16.skinny_matmul(x, qweight, scales, zeros, group_size, bias, engine, variant)

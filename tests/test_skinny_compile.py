@@ -1,6 +1,7 @@
 """The skinny kernel without a GPU: its torch-free core compiles for NVIDIA (nvcc, sm_90) and AMD
-(hipcc, wave32 gfx1030 and wave64 gfx90a), and its Python side (op schema, fake implementation,
-contract checks) works on CPU without building anything.
+(hipcc, wave32 gfx1030 and wave64 gfx90a), every variant runs correctly on a CPU emulation of the
+CUDA path (g++, csrc/skinny_emu.h), and its Python side (op schema, fake implementation, contract
+checks) works on CPU without building anything.
 
 A missing compiler skips its cell, unless W4A16_REQUIRE_COMPILERS=1 (CI) makes it a failure.
 """
@@ -11,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,8 @@ from optimized import skinny
 from optimized.contract import ContractError
 
 CSRC = Path(skinny.__file__).resolve().parent / "csrc"
-INSTANTIATE = CSRC / "skinny_instantiate.cu"
+INSTANTIATE = CSRC / "skinny_instantiate.cu"  # the dispatch, every kernel extern
+VARIANT_UNITS = sorted(CSRC.glob("skinny_inst_v*.cu"), key=lambda f: int(f.stem.removeprefix("skinny_inst_v")))
 REQUIRE_COMPILERS = os.environ.get("W4A16_REQUIRE_COMPILERS") == "1"
 # The flags torch.utils.cpp_extension adds, so the check sees what an extension build sees.
 TORCH_HALF_FLAGS = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
@@ -38,11 +41,24 @@ def find_compiler(name: str) -> str:
     return path
 
 
-def compile_or_fail(cmd: list[str], env: dict[str, str] | None = None) -> None:
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+def compile_or_fail(cmd: list[str], env: dict[str, str] | None = None) -> str:
+    """Runs a compile command; returns its output (stdout + stderr)."""
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if result.returncode != 0:
         log = (result.stdout + result.stderr)[-6000:]
         pytest.fail(f"compile failed ({result.returncode}): {' '.join(cmd)}\n{log}")
+    return result.stdout + result.stderr
+
+
+def ptxas_report(log: str) -> dict[str, tuple[int, int, int, int]]:
+    """{mangled kernel: (registers, stack frame, spill store, spill load bytes)} from -Xptxas -v."""
+    out = {}
+    for block in re.split(r"Compiling entry function", log)[1:]:
+        name = re.match(r"\s*'(\S+)'", block).group(1)
+        regs = int(re.search(r"Used (\d+) registers", block).group(1))
+        stack = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", block)
+        out[name] = (regs, *(int(v) for v in stack.groups()))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,9 +66,28 @@ def compile_or_fail(cmd: list[str], env: dict[str, str] | None = None) -> None:
 
 
 def test_nvcc_compiles_core_for_sm90(tmp_path):
+    """The extension's translation units (the dispatch with every kernel extern, and one unit per
+    variant), compiled side by side, link with nothing undefined; no pipelined kernel spills."""
     nvcc = find_compiler("nvcc")
-    compile_or_fail([nvcc, "-std=c++17", "-O3", "-gencode", "arch=compute_90,code=sm_90", *TORCH_HALF_FLAGS,
-                     "-c", str(INSTANTIATE), "-o", str(tmp_path / "skinny.o")])
+    units = [INSTANTIATE, *VARIANT_UNITS]
+    assert len(VARIANT_UNITS) == len(skinny.VARIANTS)
+
+    def build(unit: Path) -> str:
+        return compile_or_fail([nvcc, "-std=c++17", "-O3", "-gencode", "arch=compute_90,code=sm_90", "-Xptxas", "-v",
+                                "-Xcompiler", "-fPIC", *TORCH_HALF_FLAGS, "-c", str(unit), "-o",
+                                str(tmp_path / f"{unit.stem}.o")])
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        logs = list(pool.map(build, units))
+    compile_or_fail([nvcc, "-shared", "-Xlinker", "--no-undefined", "-o", str(tmp_path / "libskinny.so"),
+                     *(str(tmp_path / f"{u.stem}.o") for u in units)])
+    report = {}
+    for log in logs:
+        report.update(ptxas_report(log))
+    pipe = {name: r for name, r in report.items() if "skinny_pipe_kernel" in name}
+    assert pipe, "no pipelined kernel was compiled"
+    spilling = {name: r for name, r in pipe.items() if r[1:] != (0, 0, 0)}
+    assert not spilling, f"pipelined kernels with a stack frame or spills (regs, stack, st, ld): {spilling}"
 
 
 @pytest.mark.parametrize("arch,wave", [
@@ -62,14 +97,130 @@ def test_nvcc_compiles_core_for_sm90(tmp_path):
 def test_hipcc_compiles_core(tmp_path, arch, wave):
     hipcc = find_compiler("hipcc")
     source = tmp_path / "skinny_instantiate.hip"
-    # The warp size compat.h reports must be the target's, or rows and lanes would not match.
-    source.write_text(f'#include "{INSTANTIATE.name}"\n'
-                      "#if defined(__HIP_DEVICE_COMPILE__)\n"
+    # The dispatch and every variant's kernels in one unit. The warp size compat.h reports must be
+    # the target's, or rows and lanes would not match.
+    units = "".join(f'#include "{u.name}"\n' for u in [INSTANTIATE, *VARIANT_UNITS])
+    source.write_text(units + "#if defined(__HIP_DEVICE_COMPILE__)\n"
                       f'static_assert(W4_WARP_SIZE == {wave}, "compat.h warp size on {arch}");\n'
                       "#endif\n")
     env = {**os.environ, "HIP_PLATFORM": "amd"}
     compile_or_fail([hipcc, "-std=c++17", "-O3", f"--offload-arch={arch}", f"-I{CSRC}", "-c", str(source),
                      "-o", str(tmp_path / "skinny.o")], env=env)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel on the CPU emulation (csrc/skinny_emu.h): every variant's index arithmetic, ring
+# protocol and reductions, judged by the oracle like the GPU parity runs.
+
+EMULATOR = CSRC / "skinny_emulate.cpp"
+
+
+def build_emulator(out_dir: Path, sanitize: bool = True) -> Path:
+    """g++ build of skinny_emulate.cpp (with AddressSanitizer by default); returns the binary."""
+    gxx = find_compiler("g++")
+    binary = out_dir / ("skinny_emulate_asan" if sanitize else "skinny_emulate")
+    flags = ["-fsanitize=address", "-fno-omit-frame-pointer"] if sanitize else []
+    compile_or_fail([gxx, "-std=c++20", "-O1", "-g", *flags, "-DW4_EMU=1", f"-I{CSRC}", str(EMULATOR), "-o",
+                     str(binary), "-lpthread"])
+    return binary
+
+
+def emulate_call(binary: Path, work: Path, x: torch.Tensor, kw, bias: torch.Tensor | None, *, variant: int,
+                 engine: str, num_sms: int = 132, split: int = 0, scale_offset: int = 0, row_pad: int = 0,
+                 copies: str = "lazy", timeout: float = 600) -> torch.Tensor:
+    """y from the emulated kernel for x [M, K] and kernel-layout weights kw (oracle.layouts).
+    num_sms steers choose_split, split (1, 2, 4, 8) overrides it; scale_offset misaligns the
+    scales; row_pad (a multiple of 8) gives x a row stride of K + row_pad; copies: when cp.async
+    lands ("lazy": at its wait, "eager": at issue)."""
+    import numpy as np
+
+    m, k = x.shape
+    n = kw.qweight.shape[0]
+    padded = torch.zeros(m, k + row_pad, dtype=x.dtype)
+    padded[:, :k] = x
+    header = [m, n, k, kw.group_size, int(x.dtype == torch.bfloat16), int(kw.zeros is None), int(bias is not None),
+              k + row_pad, variant, int(engine == "mma"), num_sms, scale_offset, split]
+    parts = [np.asarray(header, dtype="<i8").tobytes(), padded.view(torch.int16).numpy().tobytes(),
+             kw.qweight.contiguous().view(torch.int32).numpy().tobytes(),
+             kw.scales.contiguous().view(torch.int16).numpy().tobytes()]
+    if kw.zeros is not None:
+        parts.append(kw.zeros.contiguous().view(torch.int32).numpy().tobytes())
+    if bias is not None:
+        parts.append(bias.contiguous().view(torch.int16).numpy().tobytes())
+    src, dst = work / "in.bin", work / "out.bin"
+    src.write_bytes(b"".join(parts))
+    env = {**os.environ, "W4EMU_CP_ASYNC": copies, "ASAN_OPTIONS": "detect_leaks=0"}
+    result = subprocess.run([str(binary), str(src), str(dst)], capture_output=True, text=True, env=env,
+                            timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"emulator failed ({result.returncode}): {result.stderr[-4000:]}")
+    y = torch.frombuffer(bytearray(dst.read_bytes()), dtype=torch.int16).view(x.dtype)
+    return y.reshape(m, n).clone()
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory) -> Path:
+    return build_emulator(tmp_path_factory.mktemp("emulator"))
+
+
+def _v(name: str) -> int:
+    return skinny.VARIANTS.index(name)
+
+
+PIPELINED = [name for name in skinny.VARIANTS if not name.startswith("base")]
+# (variant, engine, n, k, g, dtype, symmetric, m, emulate_call options). At split 4 each warp runs
+# 16 iterations of K = 8192 and every ring wraps; split 8 puts 8 warps on each row.
+EMULATED = [
+    *[(name, "mma", 264, 8192, 128, torch.float16, False, 1, dict(split=4)) for name in skinny.VARIANTS],
+    *[(name, "mma", 264, 8192, 128, torch.bfloat16, True, 16, dict(split=8)) for name in skinny.VARIANTS],
+    *[(name, "simt", 264, 8192, 128, torch.bfloat16, False, 1, dict(split=2))
+      for name in PIPELINED if not name.endswith("_sa")],
+    ("cp_s6", "mma", 264, 8192, 128, torch.float16, False, 9, dict(split=1, copies="eager")),
+    ("cp_r4_s4_sa", "mma", 264, 8192, 128, torch.bfloat16, False, 5, dict(split=2, copies="eager")),
+    ("cp_r4_s4", "mma", 264, 2048, 32, torch.float16, False, 5, dict(num_sms=4)),
+    ("regs_s4", "mma", 264, 2048, 64, torch.bfloat16, False, 16, dict(num_sms=4)),
+    ("cp_r4_s4_sa", "mma", 8, 4096, 128, torch.float16, False, 9, {}),
+    ("cp_s6_sa", "mma", 200, 2048, 128, torch.bfloat16, True, 2, dict(num_sms=1, row_pad=24)),
+    ("cp_s8", "mma", 264, 4032, 64, torch.bfloat16, False, 16, {}),  # K tail: the base kernel
+    ("cp_s6", "mma", 264, 2048, 128, torch.float16, False, 3, dict(scale_offset=1)),  # misaligned: base
+]
+
+
+@pytest.mark.parametrize("variant,engine,n,k,g,dtype,symmetric,m,options", [
+    pytest.param(*c, id=f"{c[0]}-{c[1]}-N{c[2]}-K{c[3]}-G{c[4]}-{str(c[5])[6:]}-{'sym' if c[6] else 'asym'}-M{c[7]}"
+                 + "".join(f"-{key}={value}" for key, value in c[8].items()))
+    for c in EMULATED
+])
+def test_emulated_kernel_matches_oracle(emulator, tmp_path, variant, engine, n, k, g, dtype, symmetric, m, options):
+    from oracle import judge, plain_torch_matmul, random_quantized, reference_matmul
+    from oracle.layouts import to_kernel_layout
+
+    gen = torch.Generator().manual_seed(n * 7 + k + m)
+    weight = random_quantized(n, k, g, symmetric, dtype, generator=gen)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    bias = (torch.randn(n, generator=gen) * 0.1).to(dtype)
+    y = emulate_call(emulator, tmp_path, x, to_kernel_layout(weight, dtype), bias, variant=_v(variant), engine=engine,
+                     **options)
+    verdict = judge(y, reference_matmul(x, weight, bias), dequant_dtype=dtype, dequant_roundings=1,
+                    baseline=plain_torch_matmul(x, weight, bias))
+    assert verdict.passed, verdict.summary()
+
+
+@pytest.mark.parametrize("variant", ["cp_s6", "cp_r4_s4_sa"])
+def test_emulated_kernel_passes_exact_probes(emulator, tmp_path, variant):
+    from oracle import probe_weight, run_probes
+    from oracle.layouts import to_kernel_layout
+
+    dtype = torch.float16
+    weight = probe_weight(64, 256, 128, False, dtype, generator=torch.Generator().manual_seed(1))
+    kw = to_kernel_layout(weight, dtype)
+    bias = (torch.randn(64, generator=torch.Generator().manual_seed(2)) * 0.1).to(dtype)
+
+    def kernel(x, b):
+        return emulate_call(emulator, tmp_path, x, kw, b, variant=_v(variant), engine="mma", split=2)
+
+    result = run_probes(kernel, weight, dtype, bias, max_m=skinny.MAX_M)
+    assert result.passed, result.summary()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -79,6 +230,18 @@ def test_hipcc_compiles_core(tmp_path, arch, wave):
 def test_python_limits_match_the_kernel():
     core = (CSRC / "skinny_core.cuh").read_text()
     assert int(re.search(r"kMaxM = (\d+);", core).group(1)) == skinny.MAX_M
+    assert int(re.search(r"kNumVariants = (\d+);", core).group(1)) == len(skinny.VARIANTS)
+    assert int(re.search(r"kDefaultVariant = (\d+);", core).group(1)) == skinny.DEFAULT_VARIANT
+    names = re.search(r"// kVariantNames: (.*)", core).group(1).split(", ")
+    assert tuple(names) == skinny.VARIANTS
+    for v, name in enumerate(names[1:], start=1):  # the switch labels each case with its name
+        assert re.search(rf"case {v}: return .*// {name}\n", core), name
+
+
+def test_build_sources_are_the_variant_units():
+    assert [f.name for f in skinny._sources()[1:]] == [f.name for f in VARIANT_UNITS]
+    for f in skinny._sources():
+        assert f.exists(), f
 
 
 def test_is_available_reports_a_reason_without_compiling(monkeypatch):
@@ -128,6 +291,8 @@ def test_fake_on_meta_tensors():
     qweight, scales, zeros = weights(32, 512, 64, torch.bfloat16, False, device="meta")
     y = torch.ops.w4a16.skinny_matmul(x, qweight, scales, zeros, 64, None, "simt")
     assert y.device.type == "meta" and tuple(y.shape) == (5, 32) and y.dtype == torch.bfloat16
+    y = torch.ops.w4a16.skinny_matmul(x, qweight, scales, zeros, 64, None, "mma", len(skinny.VARIANTS) - 1)
+    assert tuple(y.shape) == (5, 32)
 
 
 def test_fake_rejects_m_beyond_max():
@@ -160,6 +325,8 @@ REJECTED = [
     pytest.param(dict(k=100, g=32), "K must be a multiple of 8", id="K-not-multiple-of-8"),
     pytest.param(dict(n=12), "Zero points must be int32 or uint32", id="asym-N-not-multiple-of-8"),
     pytest.param(dict(engine="tensor"), "engine must be one of", id="unknown-engine"),
+    pytest.param(dict(variant=len(skinny.VARIANTS)), "variant must be -1", id="variant-out-of-range"),
+    pytest.param(dict(variant=-2), "variant must be -1", id="variant-negative"),
 ]
 
 

@@ -7,8 +7,15 @@
 
 #include <cstdint>
 
-#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
+#if defined(W4_EMU)
+// CPU emulation (skinny_emu.h, used by tests/test_skinny_compile.py): the CUDA code path with
+// every intrinsic and inline-asm instruction replaced by a host function, one std::thread per
+// GPU thread. Not a build target of the extension.
+#define W4_HIP 0
+#include "skinny_emu.h"
+#elif defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
 #define W4_HIP 1
+#define W4_EMU 0
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
 // ROCm >= 5.7 ships __hip_bfloat16 in hip_bf16.h; older releases (Debian's HIP 5.2) only the
@@ -21,6 +28,7 @@
 #endif
 #else
 #define W4_HIP 0
+#define W4_EMU 0
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -47,9 +55,18 @@
 #define W4_LDG(ptr) __ldg(ptr)
 #endif
 
+// A kernel's dynamically sized shared memory (the launch's third argument), as `type name[]`.
+#if W4_EMU
+#define W4_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(::w4emu::dynamic_shared())
+#else
+#define W4_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 // Caps registers so that `min_blocks` blocks share one SM (CUDA). HIP reads a second argument
 // as waves per execution unit, a different quantity, so it gets none.
-#if W4_HIP
+#if W4_EMU
+#define W4_LAUNCH_BOUNDS(threads, min_blocks)
+#elif W4_HIP
 #define W4_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
 #else
 #define W4_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
@@ -78,6 +95,19 @@ __device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
   return __shfl_xor(v, lane_mask);
 #else
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+#endif
+}
+
+// The shared-space address of a pointer into shared memory (cp.async's destination operand).
+// Unused on HIP, which has no cp.async.
+__device__ __forceinline__ uint32_t w4_smem_address(const void* p) {
+#if W4_EMU
+  return ::w4emu::smem_address(p);
+#elif W4_HIP
+  (void)p;
+  return 0u;
+#else
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 #endif
 }
 

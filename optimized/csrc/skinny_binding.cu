@@ -8,7 +8,8 @@
 
 #include <string>
 
-#include "skinny_core.cuh"
+// The kernels themselves are compiled in skinny_inst_v*.cu (declared extern here).
+#include "skinny_instances.h"
 
 namespace {
 
@@ -23,7 +24,7 @@ bool rows_aligned(const void* ptr, int64_t row_stride, int64_t rows, int64_t ele
 
 at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                               const std::optional<at::Tensor>& zeros, int64_t group_size,
-                              const std::optional<at::Tensor>& bias, c10::string_view engine) {
+                              const std::optional<at::Tensor>& bias, c10::string_view engine, int64_t variant) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16),
               "skinny_matmul: x must be float16 or bfloat16 [M, K], got ", x.scalar_type(), " ", x.sizes());
   const int64_t m = x.size(0), k = x.size(1);
@@ -83,6 +84,8 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
                 ", got one on ", t->device());
   }
   TORCH_CHECK(n <= INT32_MAX && k <= INT32_MAX, "skinny_matmul: N and K must fit in int32");
+  TORCH_CHECK(variant >= -1 && variant < w4::kNumVariants, "skinny_matmul: variant must be -1 (the default) or in [0, ",
+              w4::kNumVariants, "), got ", variant);
 
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
@@ -113,7 +116,8 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
   p.group_size = static_cast<int>(group_size);
-  p.split = w4::choose_split(p.m, p.n, prop->multiProcessorCount, prop->warpSize);
+  p.variant = variant < 0 ? w4::kDefaultVariant : static_cast<int>(variant);
+  p.split = w4::choose_split(p.m, p.n, prop->multiProcessorCount, prop->warpSize, p.variant);
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (x.scalar_type() == at::kHalf) {

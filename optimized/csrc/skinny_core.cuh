@@ -2,23 +2,38 @@
 // W[n, k] = (q[n, k] - z[n, k / G]) * s[n, k / G], for M <= kMaxM rows of x.
 //
 // Work split. A block of kBlockThreads threads owns a tile of output rows (n) for all M. Within
-// a warp, lane = 4 * quad + t: the lane owns rows (quad, quad + W/4) of the warp's W/2 rows and,
-// in every iteration, one 16-byte chunk (32 consecutive k) of each: chunk t of the iteration's
-// 128 k. A block's warps are split `split` ways along K (interleaved iterations) and
-// warps / split ways along N; the `split` partial sums of each output meet in shared memory
+// a warp, lane = 4 * quad + t: the lane owns rows (quad, quad + W/4, ...) of the warp's rows
+// and, in every iteration, one 16-byte chunk (32 consecutive k) of each: chunk t of the
+// iteration's 128 k. A block's warps are split `split` ways along K (interleaved iterations)
+// and warps / split ways along N; the `split` partial sums of each output meet in shared memory
 // and are added in a fixed order, so results are deterministic (no atomics).
 //
 // Engines, chosen by the host:
-//  * kMma (CUDA, sm_80+): the warp's 16 rows x 128 k per iteration are 8 tensor-core
+//  * kMma (CUDA, sm_80+): each 16 rows x 128 k of a warp's iteration are 8 tensor-core
 //    m16n8k16 steps with the weight as the 16-row A operand and up to 8 (or 16) rows of x as B.
 //    A lane's A values for one step are 4 nibbles of one of its words, so one step's 16 logical
 //    k are 4 nibbles from each of the quad's 4 chunks; x is permuted to the same order. Weights
 //    are dequantized to T as (q - z) * s (one rounding), products and sums are fp32.
 //  * kSimt (everywhere, the only engine on HIP): each lane forms fp32 dot products over its
 //    chunk, (q - z) * s exact in fp32, then the quad adds its 4 partial sums with shuffles.
+//
+// Variants (kernel shape and load pipeline, for benchmarking; variant 0 is the default):
+//  * the base kernel (skinny_kernel): 2 rows per lane; each warp issues the loads of kUnroll
+//    iterations, waits, computes, then issues the next ones.
+//  * the pipelined kernel (skinny_pipe_kernel): `rows` rows per lane (2 or 4) and a ring of
+//    `stages` iterations per lane: the loads of iteration e + stages - 1 are issued before
+//    iteration e is computed, so stages - 1 iterations stay in flight while the warp computes.
+//    The ring lives in registers (Pipe::kRegs, every platform) or, on CUDA, in shared memory
+//    filled by cp.async (Pipe::kCpAsync; scales and zero points ride in a register ring).
+//    Optionally (scale_after, mma engine, G = 128 only) the tensor cores multiply the exact
+//    (q - z) and the scale is applied to each iteration's fp32 partial sum instead.
 #pragma once
 
 #include "compat.h"
+
+#if !W4_HIP && !W4_EMU
+#include <atomic>
+#endif
 
 namespace w4 {
 
@@ -26,11 +41,61 @@ constexpr int kBlockThreads = 256;
 constexpr int kMaxM = 16;
 constexpr int kLaneK = 32;          // k per lane, row and iteration: one 16-byte load
 constexpr int kIterK = 4 * kLaneK;  // k per iteration: the 4 lanes of a quad side by side
-// Every lane owns 2 rows, so a block covers kBlockThreads / 2 (row, K-slice) pairs whatever the
-// warp size: rows per block = kTileRows / split.
+// Every lane owns 2 rows in the base kernel, so a block covers kBlockThreads / 2 (row, K-slice)
+// pairs whatever the warp size: rows per block = kTileRows / split.
 constexpr int kTileRows = kBlockThreads / 2;
 
 enum class Engine : int { kSimt = 0, kMma = 1 };
+
+enum class Pipe : int { kRegs = 0, kCpAsync = 1 };
+
+// One kernel variant. family 0: the base kernel, whose choose_split aims at num_sms * 8 blocks
+// for M <= 4 and num_sms * big_m_blocks above; 1: the pipelined kernel with `pipe`, `rows` rows
+// per lane, `stages` ring entries per lane, launch bounds (kBlockThreads, min_blocks) and
+// scale_after, whose split minimizes wave quantization (choose_split). On HIP a kCpAsync variant
+// runs the base kernel (there is no cp.async there).
+struct VariantSpec {
+  int family;
+  Pipe pipe;
+  int rows;
+  int stages;
+  int min_blocks;
+  bool scale_after;
+  int big_m_blocks;
+};
+
+constexpr int kNumVariants = 8;
+constexpr int kDefaultVariant = 0;
+
+// Names for reports, in the order of variant_spec; optimized/skinny.py keeps the same list.
+// kVariantNames: base, base_split8, regs_s4, cp_s6, cp_r4_s4, cp_s6_sa, cp_r4_s4_sa, cp_s8
+__host__ __device__ constexpr VariantSpec variant_spec(int v) {
+  switch (v) {
+    case 1: return {0, Pipe::kRegs, 2, 1, 2, false, 8};      // base_split8
+    case 2: return {1, Pipe::kRegs, 2, 4, 2, false, 8};      // regs_s4
+    case 3: return {1, Pipe::kCpAsync, 2, 6, 3, false, 8};   // cp_s6
+    case 4: return {1, Pipe::kCpAsync, 4, 4, 2, false, 8};   // cp_r4_s4
+    case 5: return {1, Pipe::kCpAsync, 2, 6, 3, true, 8};    // cp_s6_sa
+    case 6: return {1, Pipe::kCpAsync, 4, 4, 2, true, 8};    // cp_r4_s4_sa
+    case 7: return {1, Pipe::kCpAsync, 2, 8, 2, false, 8};   // cp_s8
+    default: return {0, Pipe::kRegs, 2, 1, 2, false, 2};     // base
+  }
+}
+
+// Whether variant v launches the pipelined kernel on this platform.
+__host__ __device__ constexpr bool uses_pipe_kernel(int v) {
+  return variant_spec(v).family == 1 && (!W4_HIP || variant_spec(v).pipe == Pipe::kRegs);
+}
+
+// The pipelined kernel's launch bounds: the M > 8 tile needs more registers (at most 2 blocks).
+__host__ __device__ constexpr int pipe_min_blocks(int v, int m_tile) {
+  return m_tile > 8 && variant_spec(v).min_blocks > 2 ? 2 : variant_spec(v).min_blocks;
+}
+
+// Rows per block at split 1: kBlockThreads / 4 quads-worth of lanes, `rows` rows each.
+__host__ __device__ constexpr int tile_rows(int v) {
+  return uses_pipe_kernel(v) ? kBlockThreads / 4 * variant_spec(v).rows : kTileRows;
+}
 
 // One call's arguments, in the layout of optimized/contract.py (T = half_t or bf16_t):
 //   x        T [m, k], row stride stride_xm elements, unit stride along k; 16-byte aligned rows.
@@ -51,6 +116,7 @@ struct SkinnyParams {
   int m, n, k;
   int group_size;  // 32, 64 or 128
   int split;       // warps of a block sharing each row, splitting K: 1, 2, 4 (or 8 on wave32)
+  int variant;     // 0 .. kNumVariants - 1 (see variant_spec)
 };
 
 namespace detail {
@@ -61,7 +127,7 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
 
 // Weights are read exactly once: keep them out of L1 so that x stays there.
 __device__ __forceinline__ uint4 load_weights(const uint4* p) {
-#if W4_HIP
+#if W4_HIP || W4_EMU
   return *p;
 #else
   uint4 v;
@@ -72,46 +138,87 @@ __device__ __forceinline__ uint4 load_weights(const uint4* p) {
 #endif
 }
 
+#if !W4_HIP
+// cp.async (sm_80+) into shared-space address `dst` (w4_smem_address): 16 bytes bypassing L1, or
+// 4 bytes through it; the bytes past src_bytes (0 or the size) are zero-filled and not read.
+// Completion is tracked per thread in commit groups.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const uint4* src, int src_bytes) {
+#if W4_EMU
+  ::w4emu::cp_async(dst, src, 16, src_bytes);
+#else
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async4(uint32_t dst, const uint32_t* src, int src_bytes) {
+#if W4_EMU
+  ::w4emu::cp_async(dst, src, 4, src_bytes);
+#else
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if W4_EMU
+  ::w4emu::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most N of this thread's commit groups are still pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if W4_EMU
+  ::w4emu::cp_async_wait(N);
+#else
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+#endif  // !W4_HIP
+
 // 8 consecutive activations as raw 16-bit patterns; zeros where `ok` is false.
 template <typename T>
 __device__ __forceinline__ uint4 load_x8(const T* row, int k, bool ok) {
   return ok ? W4_LDG(reinterpret_cast<const uint4*>(row + k)) : make_uint4(0u, 0u, 0u, 0u);
 }
 
-template <typename T, int M_TILE, Engine E>
+// R rows per lane; SCALE_AFTER only changes the mma engine (see the file comment).
+template <typename T, int M_TILE, Engine E, int R = 2, bool SCALE_AFTER = false>
 struct Accumulator;  // the engines below; kMma exists on CUDA only
 
 // ---------------------------------------------------------------------------------------------
-template <typename T, int M_TILE>
-struct Accumulator<T, M_TILE, Engine::kSimt> {
+template <typename T, int M_TILE, int R, bool SCALE_AFTER>
+struct Accumulator<T, M_TILE, Engine::kSimt, R, SCALE_AFTER> {
   static constexpr int kQuads = W4_WARP_SIZE / 4;
-  // Iterations whose loads are issued together; fewer at large M, where acc[2][M_TILE] would
-  // otherwise push the loaded words into local memory.
+  // Iterations whose loads are issued together in the base kernel; fewer at large M, where
+  // acc[2][M_TILE] would otherwise push the loaded words into local memory.
   static constexpr int kUnroll = M_TILE <= 4 ? 4 : 2;
-  float acc[2][M_TILE];
+  float acc[R][M_TILE];
 
   __device__ __forceinline__ void init() {
 #pragma unroll
-    for (int a = 0; a < 2; ++a)
+    for (int a = 0; a < R; ++a)
 #pragma unroll
       for (int m = 0; m < M_TILE; ++m) acc[a][m] = 0.f;
   }
 
-  // One chunk: rows a = 0, 1 (words wq[a], scale bits s[a], zero point z[a]) times x[:, k0:k0+32];
+  // One chunk: rows a < R (words wq[a], scale bits s[a], zero point z[a]) times x[:, k0:k0+32];
   // `valid` is false for a chunk past k.
-  __device__ __forceinline__ void chunk(const uint4 (&wq)[2], const uint32_t (&s)[2], const uint32_t (&z)[2],
+  __device__ __forceinline__ void chunk(const uint4 (&wq)[R], const uint32_t (&s)[R], const uint32_t (&z)[R],
                                         const T* x, int64_t stride_xm, int m_rows, int /*quad*/, int k0, bool valid) {
-    float scale[2], zero_magic[2];
+    float scale[R], zero_magic[R];
 #pragma unroll
-    for (int a = 0; a < 2; ++a) {
+    for (int a = 0; a < R; ++a) {
       scale[a] = bits_to_float<T>(s[a]);
       zero_magic[a] = 8388608.f + static_cast<float>(z[a]);  // 2^23 + z, exact
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float w[2][8];
+      float w[R][8];
 #pragma unroll
-      for (int a = 0; a < 2; ++a) {
+      for (int a = 0; a < R; ++a) {
         const uint32_t bits = word(wq[a], j);
 #pragma unroll
         for (int p = 0; p < 8; ++p) {
@@ -131,7 +238,7 @@ struct Accumulator<T, M_TILE, Engine::kSimt> {
           xf[2 * i + 1] = bits_to_float<T>(pair >> 16);
         }
 #pragma unroll
-        for (int a = 0; a < 2; ++a)
+        for (int a = 0; a < R; ++a)
 #pragma unroll
           for (int p = 0; p < 8; ++p) acc[a][m] = fmaf(w[a][p], xf[p], acc[a][m]);
       }
@@ -142,7 +249,7 @@ struct Accumulator<T, M_TILE, Engine::kSimt> {
   // red_rows: this warp's rows of the block's [rows][M_TILE] partial-sum slice.
   __device__ __forceinline__ void deposit(float* red_rows, int quad, int t) {
 #pragma unroll
-    for (int a = 0; a < 2; ++a)
+    for (int a = 0; a < R; ++a)
 #pragma unroll
       for (int m = 0; m < M_TILE; ++m) {
         acc[a][m] += shfl_xor(acc[a][m], 1);
@@ -160,16 +267,24 @@ __device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c);
 
 template <>
 __device__ __forceinline__ uint32_t fma2<half_t>(uint32_t a, uint32_t b, uint32_t c) {
+#if W4_EMU
+  return ::w4emu::fma_f16x2(a, b, c);
+#else
   uint32_t d;
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
+#endif
 }
 
 template <>
 __device__ __forceinline__ uint32_t fma2<bf16_t>(uint32_t a, uint32_t b, uint32_t c) {
+#if W4_EMU
+  return ::w4emu::fma_bf16x2(a, b, c);
+#else
   uint32_t d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
+#endif
 }
 
 __device__ __forceinline__ uint32_t splat(uint32_t bits16) { return bits16 | (bits16 << 16); }
@@ -217,18 +332,26 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 
 template <>
 __device__ __forceinline__ void mma16816<half_t>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if W4_EMU
+  ::w4emu::mma16816(c, a, b0, b1, /*bf16=*/false);
+#else
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 template <>
 __device__ __forceinline__ void mma16816<bf16_t>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if W4_EMU
+  ::w4emu::mma16816(c, a, b0, b1, /*bf16=*/true);
+#else
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // Fragment map (m16n8k16, lane = 4 quad + t): A holds rows quad and quad + 8 at logical k
@@ -236,7 +359,7 @@ __device__ __forceinline__ void mma16816<bf16_t>(float (&c)[4], const uint32_t (
 // m = 2t, 2t+1. Logical k (2t, 2t+1, 2t+8, 2t+9) of step 2j is nibbles (0, 4, 1, 5) of word j
 // of lane t's chunk, and of step 2j+1 nibbles (2, 6, 3, 7); x is permuted to match.
 template <typename T, int M_TILE>
-struct Accumulator<T, M_TILE, Engine::kMma> {
+struct Accumulator<T, M_TILE, Engine::kMma, 2, false> {
   static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0, "mma tiles are 16 rows x 8 m on 32 lanes");
   static constexpr int kTiles = M_TILE / 8;
   static constexpr int kUnroll = 4;  // iterations whose loads are issued together
@@ -277,11 +400,185 @@ struct Accumulator<T, M_TILE, Engine::kMma> {
         red_rows[(quad + 8 * (c / 2)) * M_TILE + 8 * i + 2 * t + c % 2] = acc[i][c];
   }
 };
+
+// ---------------------------------------------------------------------------------------------
+// The pipelined kernel's mma engine: the fragment map above, with R = 2 or 4 rows per lane
+// (rows quad + 8a; rows 2r and 2r + 1 form A tile r, and each B fragment of x feeds every A tile)
+// and fewer instructions per weight: one lop3 per nibble pair, x addressed from per-lane row
+// pointers, scales arriving as splat pairs. SCALE_AFTER (G = 128 only: the quad's 4 chunks then
+// share one group): the tensor cores multiply the exact q - z, and each row's scale multiplies
+// the iteration's fp32 partial sums.
+
+// (a & mask) | magic in one instruction (the compiler splits it when both are immediates).
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t magic) {
+#if W4_EMU
+  return (a & mask) | magic;
+#else
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));
+  return d;
+#endif
+}
+
+// Pairs (q_i - z, q_{i+4} - z) of one word, exact in T (see dequant_pairs_unscaled).
+template <typename T>
+__device__ __forceinline__ void nibble_pairs(uint32_t w, uint32_t z, uint32_t (&out)[4]);
+
+template <>
+__device__ __forceinline__ void nibble_pairs<half_t>(uint32_t w, uint32_t z, uint32_t (&out)[4]) {
+  constexpr uint32_t kMagic = 0x64006400u;
+  constexpr uint32_t kOne = 0x3C003C00u;
+  constexpr uint32_t kSixteenth = 0x2C002C00u;
+  const uint32_t neg_1024_z = splat(0xE400u | z);
+  const uint32_t neg_64_z = splat(0xD400u | (z << 4));
+  const uint32_t w8 = w >> 8;
+  out[0] = fma2<half_t>(and_or(w, 0x000F000Fu, kMagic), kOne, neg_1024_z);
+  out[1] = fma2<half_t>(and_or(w, 0x00F000F0u, kMagic), kSixteenth, neg_64_z);
+  out[2] = fma2<half_t>(and_or(w8, 0x000F000Fu, kMagic), kOne, neg_1024_z);
+  out[3] = fma2<half_t>(and_or(w8, 0x00F000F0u, kMagic), kSixteenth, neg_64_z);
+}
+
+template <>
+__device__ __forceinline__ void nibble_pairs<bf16_t>(uint32_t w, uint32_t z, uint32_t (&out)[4]) {
+  constexpr uint32_t kMagic = 0x43004300u;
+  constexpr uint32_t kOne = 0x3F803F80u;
+  const uint32_t neg_128_z = splat(0xC300u | z);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = fma2<bf16_t>(and_or(w >> (4 * i), 0x000F000Fu, kMagic), kOne, neg_128_z);
+}
+
+template <typename T, int M_TILE, int R, bool SCALE_AFTER>
+struct MmaPipeAccumulator {
+  static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0, "mma tiles are 16 rows x 8 m on 32 lanes");
+  static_assert(R == 2 || R == 4, "rows per lane: one or two 16-row A tiles");
+  static constexpr int kTiles = M_TILE / 8;
+  static constexpr int kPairs = R / 2;
+  float acc[kPairs][kTiles][4];
+  // This lane's x rows quad + 8 i in 16-byte units. A row past m reads row 0 instead: it only
+  // feeds output columns that are never stored (each column of C is its own dot product).
+  const uint4* xrow[kTiles];
+
+  __device__ __forceinline__ void init(const void* x, int64_t stride_xm, int m_rows, int quad) {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      const int m = 8 * i + quad;
+      xrow[i] = reinterpret_cast<const uint4*>(static_cast<const T*>(x) + (m < m_rows ? m : 0) * stride_xm);
+#pragma unroll
+      for (int r = 0; r < kPairs; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[r][i][c] = 0.f;
+    }
+  }
+
+  // The 8 mma steps of chunk `chunk` (k = 32 chunk .. 32 chunk + 31) into d; s2: each row's
+  // scale pair.
+  template <bool SCALED>
+  __device__ __forceinline__ void steps(float (&d)[kPairs][kTiles][4], const uint4 (&wq)[R], const uint32_t (&s2)[R],
+                                        const uint32_t (&z)[R], int chunk) {
+    constexpr uint32_t kNegZero = 0x80008000u;
+    const uint4* xp[kTiles];
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) xp[i] = xrow[i] + 4 * chunk;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t a_even[kPairs][4], a_odd[kPairs][4];
+#pragma unroll
+      for (int r = 0; r < kPairs; ++r) {
+        uint32_t d0[4], d1[4];  // rows quad + 16 r, quad + 16 r + 8
+        nibble_pairs<T>(word(wq[2 * r], j), z[2 * r], d0);
+        nibble_pairs<T>(word(wq[2 * r + 1], j), z[2 * r + 1], d1);
+        if constexpr (SCALED) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            d0[i] = fma2<T>(d0[i], s2[2 * r], kNegZero);
+            d1[i] = fma2<T>(d1[i], s2[2 * r + 1], kNegZero);
+          }
+        }
+        a_even[r][0] = d0[0];
+        a_even[r][1] = d1[0];
+        a_even[r][2] = d0[1];
+        a_even[r][3] = d1[1];
+        a_odd[r][0] = d0[2];
+        a_odd[r][1] = d1[2];
+        a_odd[r][2] = d0[3];
+        a_odd[r][3] = d1[3];
+      }
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) {
+        const uint4 xv = W4_LDG(xp[i] + j);
+        const uint32_t b_even0 = __byte_perm(xv.x, xv.z, 0x5410), b_even1 = __byte_perm(xv.x, xv.z, 0x7632);
+        const uint32_t b_odd0 = __byte_perm(xv.y, xv.w, 0x5410), b_odd1 = __byte_perm(xv.y, xv.w, 0x7632);
+#pragma unroll
+        for (int r = 0; r < kPairs; ++r) {
+          mma16816<T>(d[r][i], a_even[r], b_even0, b_even1);
+          mma16816<T>(d[r][i], a_odd[r], b_odd0, b_odd1);
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ void chunk(const uint4 (&wq)[R], const uint32_t (&s2)[R], const uint32_t (&z)[R],
+                                        int chunk) {
+    if constexpr (SCALE_AFTER) {
+      // Lane (quad, t) holds C rows quad + 16 r (c = 0, 1) and quad + 16 r + 8 (c = 2, 3): its
+      // own rows 2r and 2r + 1.
+      float part[kPairs][kTiles][4];
+#pragma unroll
+      for (int r = 0; r < kPairs; ++r)
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) part[r][i][c] = 0.f;
+      steps<false>(part, wq, s2, z, chunk);
+#pragma unroll
+      for (int r = 0; r < kPairs; ++r) {
+        const float s_lo = bits_to_float<T>(s2[2 * r] & 0xFFFFu), s_hi = bits_to_float<T>(s2[2 * r + 1] & 0xFFFFu);
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i) {
+          acc[r][i][0] = fmaf(part[r][i][0], s_lo, acc[r][i][0]);
+          acc[r][i][1] = fmaf(part[r][i][1], s_lo, acc[r][i][1]);
+          acc[r][i][2] = fmaf(part[r][i][2], s_hi, acc[r][i][2]);
+          acc[r][i][3] = fmaf(part[r][i][3], s_hi, acc[r][i][3]);
+        }
+      }
+    } else {
+      steps<true>(acc, wq, s2, z, chunk);
+    }
+  }
+
+  __device__ __forceinline__ void deposit(float* red_rows, int quad, int t) {
+#pragma unroll
+    for (int r = 0; r < kPairs; ++r)
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          red_rows[(16 * r + quad + 8 * (c / 2)) * M_TILE + 8 * i + 2 * t + c % 2] = acc[r][i][c];
+  }
+};
 #endif  // !W4_HIP
+
+// Each output is the sum of its `split` partials (red: [split][block_rows][M_TILE]) in K order,
+// plus bias, rounded once. Called by every thread of the block after a barrier.
+template <typename T, int M_TILE>
+__device__ __forceinline__ void store_outputs(const SkinnyParams& p, const float* red, int block_rows) {
+  T* __restrict__ y = static_cast<T*>(p.y);
+  const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
+  for (int idx = threadIdx.x; idx < block_rows * p.m; idx += kBlockThreads) {
+    const int m = idx / block_rows, r = idx % block_rows;
+    const int n = blockIdx.x * block_rows + r;
+    if (n >= p.n) continue;
+    float v = 0.f;
+    for (int s = 0; s < p.split; ++s) v += red[(s * block_rows + r) * M_TILE + m];
+    if (bias != nullptr) v += bits_to_float<T>(W4_LDG(bias + n));
+    y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
+  }
+}
 
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
+// The base kernel (variants 0, 1).
 template <typename T, int M_TILE, int G, bool SYM, Engine E>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 2) skinny_kernel(const SkinnyParams p) {
   constexpr int kWarp = W4_WARP_SIZE;
@@ -346,73 +643,371 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 2) skinny_kernel(const SkinnyPar
 
   accum.deposit(red + (w_k * block_rows + w_n * kWarpRows) * M_TILE, quad, t);
   __syncthreads();
+  detail::store_outputs<T, M_TILE>(p, red, block_rows);
+}
 
-  // Each output is the sum of its `split` partials in K order, plus bias, rounded once.
-  T* __restrict__ y = static_cast<T*>(p.y);
-  const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
-  for (int idx = threadIdx.x; idx < block_rows * p.m; idx += kBlockThreads) {
-    const int m = idx / block_rows, r = idx % block_rows;
-    const int n = blockIdx.x * block_rows + r;
-    if (n >= p.n) continue;
-    float v = 0.f;
-    for (int s = 0; s < p.split; ++s) v += red[(s * block_rows + r) * M_TILE + m];
-    if (bias != nullptr) v += bits_to_float<T>(W4_LDG(bias + n));
-    y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
+// ---------------------------------------------------------------------------------------------
+// The pipelined kernel (variants with family 1). A lane's work: the iterations
+// it = w_k + e * split, e < count, of its R rows row0 + kQuads * a (a row past n reads a row
+// below n instead and is never stored). Ring entry e % S holds iteration e's loads: the loads of
+// e + S - 1 go into the entry that iteration e - 1 has just freed, then the thread waits for e's
+// and computes it. It needs k % 128 == 0 and n >= 8 (launch_variant runs the base kernel
+// otherwise), so no chunk lies past k.
+//
+// kCpAsync: dynamic shared memory holds, per entry, row and thread, the weight chunk (uint4), the
+// 32-bit word that holds the scale, and the zero-point word, each [slot][row][thread] so that a
+// warp's accesses are conflict-free. Each thread reads back only its own copies, so no barrier
+// is needed. Scale words are read 4-byte aligned, which needs a 4-byte aligned scales tensor with
+// an even number of elements (launch_variant checks; otherwise the base kernel runs). After the
+// main loop the same memory holds the partial sums. kRegs: the ring is in registers and shared
+// memory holds only the partial sums.
+template <int V, bool SYM>
+struct PipeSmem {
+  static constexpr bool kRing = !W4_HIP && variant_spec(V).pipe == Pipe::kCpAsync;
+  static constexpr int kEntries = variant_spec(V).stages * variant_spec(V).rows * kBlockThreads;
+  static constexpr int kWeightBytes = kRing ? kEntries * 16 : 0;
+  static constexpr int kScaleBytes = kRing ? kEntries * 4 : 0;
+  static constexpr int kZeroBytes = kRing && !SYM ? kEntries * 4 : 0;
+  static constexpr int bytes(int m_tile) {
+    const int ring = kWeightBytes + kScaleBytes + kZeroBytes;
+    const int red = tile_rows(V) * m_tile * 4;
+    return ring > red ? ring : red;
   }
+};
+
+namespace detail {
+
+// The simt engine behind the pipelined kernel's interface (x and M kept at init).
+template <typename T, int M_TILE, int R>
+struct SimtPipeAccumulator {
+  Accumulator<T, M_TILE, Engine::kSimt, R> inner;
+  const T* x;
+  int64_t stride_xm;
+  int m_rows;
+
+  __device__ __forceinline__ void init(const void* x_, int64_t stride, int m, int /*quad*/) {
+    x = static_cast<const T*>(x_);
+    stride_xm = stride;
+    m_rows = m;
+    inner.init();
+  }
+  // s2: scale pairs; the simt engine reads the low half.
+  __device__ __forceinline__ void chunk(const uint4 (&wq)[R], const uint32_t (&s2)[R], const uint32_t (&z)[R],
+                                        int chunk) {
+    inner.chunk(wq, s2, z, x, stride_xm, m_rows, 0, chunk * kLaneK, true);
+  }
+  __device__ __forceinline__ void deposit(float* red_rows, int quad, int t) { inner.deposit(red_rows, quad, t); }
+};
+
+template <typename T, int M_TILE, Engine E, int R, bool SCALE_AFTER>
+struct PipeEngine {
+  using type = SimtPipeAccumulator<T, M_TILE, R>;
+};
+#if !W4_HIP
+template <typename T, int M_TILE, int R, bool SCALE_AFTER>
+struct PipeEngine<T, M_TILE, Engine::kMma, R, SCALE_AFTER> {
+  using type = MmaPipeAccumulator<T, M_TILE, R, SCALE_AFTER>;
+};
+#endif
+
+}  // namespace detail
+
+template <typename T, int M_TILE, int G, bool SYM, Engine E, int V>
+__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, pipe_min_blocks(V, M_TILE)) skinny_pipe_kernel(const SkinnyParams p) {
+  using Smem = PipeSmem<V, SYM>;
+  constexpr int R = variant_spec(V).rows, S = variant_spec(V).stages;
+  constexpr bool kRing = Smem::kRing;
+  constexpr bool kScaleAfter = variant_spec(V).scale_after && E == Engine::kMma && G == kIterK;
+  constexpr int kWarp = W4_WARP_SIZE;
+  constexpr int kQuads = kWarp / 4;
+  constexpr int kWarpRows = R * kQuads;
+  constexpr int kChunksPerIter = kIterK / kLaneK;
+  constexpr int kChunksPerGroup = G / kLaneK;
+  constexpr int kGroupsPerIter = kChunksPerIter / kChunksPerGroup;
+  static_assert(G % kLaneK == 0 && kChunksPerIter % kChunksPerGroup == 0, "groups tile the iterations");
+  static_assert(S >= 2, "a ring needs at least two entries");
+  W4_DYNAMIC_SHARED(uint4, smem);
+
+  const uint4* __restrict__ qw = reinterpret_cast<const uint4*>(p.qweight);
+  const unsigned short* __restrict__ scales = static_cast<const unsigned short*>(p.scales);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int quad = lane / 4, t = lane % 4;
+  const int w_k = warp % p.split, w_n = warp / p.split;
+  const int block_rows = tile_rows(V) / p.split;
+  const int warp_row0 = blockIdx.x * block_rows + w_n * kWarpRows;
+  const int kc = p.k / kLaneK;  // 16-byte chunks per row
+  const int groups = p.k / G;
+  const int iters = p.k / kIterK;  // k % 128 == 0 here (launch_variant checks)
+  const int count = w_k < iters ? (iters - 1 - w_k) / p.split + 1 : 0;  // the same for the whole warp
+
+  // The lane's rows row0 + kQuads * a. A row r past n reads row r - 8 c instead, the largest
+  // below n that is congruent to r mod 8 (n >= 8 here): valid memory, and its sums are never
+  // stored. So every row of the lane has the same r mod 8, the zero point's nibble, and the same
+  // parity of r * groups, which decides the half of a 32-bit word that holds a scale (scale
+  // index r * groups + it * kGroupsPerIter + t / kChunksPerGroup). Element offsets fit in an int
+  // (the host checks n * k / 32).
+  const int row0 = warp_row0 + quad;
+  const int tg = t / kChunksPerGroup;
+  int rows[R];
+#pragma unroll
+  for (int a = 0; a < R; ++a) {
+    const int r = row0 + kQuads * a;
+    rows[a] = r < p.n ? r : r - 8 * ((r - p.n) / 8 + 1);
+  }
+  const int zshift = 4 * (row0 & 7);
+  const uint32_t ssel = (rows[0] * groups + tg) & 1 ? 0x3232u : 0x1010u;  // byte_perm: splat that half
+
+  // The ring: shared memory, entry (slot, a) (slot * R + a) * kBlockThreads elements past this
+  // thread's first, or registers.
+  const uint32_t ring_w = w4_smem_address(smem) + 16u * threadIdx.x;
+  const uint32_t ring_s = w4_smem_address(smem) + Smem::kWeightBytes + 4u * threadIdx.x;
+  const uint32_t ring_z = ring_s + Smem::kScaleBytes;
+  const uint32_t* const smem_s = reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(smem) +
+                                                                   Smem::kWeightBytes) + threadIdx.x;
+  const uint32_t* const smem_z = smem_s + Smem::kScaleBytes / 4;
+  uint4 wr[kRing ? 1 : S][R];
+  uint32_t sr[kRing ? 1 : S][R], zr[kRing || SYM ? 1 : S][R];
+
+  // Issues the loads of iteration w_k + f * split (nothing past count) into ring entry `slot`.
+  auto issue = [&](int f, int slot) {
+    if (f >= count) return;
+    const int it = w_k + f * p.split;
+    const int chunk = it * kChunksPerIter + t, group = it * kGroupsPerIter + tg;
+#pragma unroll
+    for (int a = 0; a < R; ++a) {
+      const int qi = rows[a] * kc + chunk, si = rows[a] * groups + group, zi = (rows[a] >> 3) * groups + group;
+      if constexpr (kRing) {
+#if !W4_HIP
+        const uint32_t entry = (slot * R + a) * kBlockThreads;
+        detail::cp_async16(ring_w + 16u * entry, qw + qi, 16);
+        detail::cp_async4(ring_s + 4u * entry, reinterpret_cast<const uint32_t*>(scales) + (si >> 1), 4);
+        if constexpr (!SYM) detail::cp_async4(ring_z + 4u * entry, p.zeros + zi, 4);
+#endif
+      } else {
+        wr[kRing ? 0 : slot][a] = detail::load_weights(qw + qi);
+        sr[kRing ? 0 : slot][a] = W4_LDG(scales + si);
+        if constexpr (!SYM) zr[kRing || SYM ? 0 : slot][a] = W4_LDG(p.zeros + zi);
+      }
+    }
+  };
+
+  using Accum = typename detail::PipeEngine<T, M_TILE, E, R, kScaleAfter>::type;
+  Accum accum;
+  accum.init(p.x, p.stride_xm, p.m, quad);
+
+#pragma unroll
+  for (int f = 0; f < S - 1; ++f) {
+    issue(f, f);
+#if !W4_HIP
+    if constexpr (kRing) detail::cp_async_commit();
+#endif
+  }
+  for (int e0 = 0; e0 < count; e0 += S) {
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      const int e = e0 + u;  // in ring entry u, as e0 % S == 0
+      if (e >= count) break;  // the same for the whole warp, as the mma engine needs
+      issue(e + S - 1, (u + S - 1) % S);  // into the entry iteration e - 1 used
+#if !W4_HIP
+      if constexpr (kRing) {
+        detail::cp_async_commit();
+        detail::cp_async_wait<S - 1>();  // this thread's copies for iteration e have landed
+      }
+#endif
+      const int it = w_k + e * p.split;
+      // The scale's half flips with the iteration when an iteration is one group (G = 128).
+      const uint32_t flip = kGroupsPerIter % 2 ? (it & 1) * 0x2222u : 0u;
+      uint4 wq[R];
+      uint32_t s2[R], z[R];
+#pragma unroll
+      for (int a = 0; a < R; ++a) {
+        uint32_t zword = 0u;
+        if constexpr (kRing) {
+          const int entry = (u * R + a) * kBlockThreads;
+          wq[a] = smem[threadIdx.x + entry];
+          s2[a] = __byte_perm(smem_s[entry], 0u, ssel ^ flip);
+          if constexpr (!SYM) zword = smem_z[entry];
+        } else {
+          wq[a] = wr[kRing ? 0 : u][a];
+          s2[a] = sr[kRing ? 0 : u][a] * 0x10001u;
+          if constexpr (!SYM) zword = zr[kRing || SYM ? 0 : u][a];
+        }
+        z[a] = SYM ? 8u : (zword >> zshift) & 0xFu;
+      }
+      accum.chunk(wq, s2, z, it * kChunksPerIter + t);
+    }
+  }
+
+  // The partial sums reuse the ring's memory: this thread's copies are all done (iterations past
+  // count were never issued) and, after the barrier, every warp is past its last ring read.
+  float* red = reinterpret_cast<float*>(smem);
+  if constexpr (kRing) {
+#if !W4_HIP
+    detail::cp_async_wait<0>();
+#endif
+    __syncthreads();
+  }
+  accum.deposit(red + (w_k * block_rows + w_n * kWarpRows) * M_TILE, quad, t);
+  __syncthreads();
+  detail::store_outputs<T, M_TILE>(p, red, block_rows);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Host side: pick the K split and the template instance. Torch-free, so the CI compile check
 // instantiates exactly what the extension ships (launch_skinny<half_t>, launch_skinny<bf16_t>).
 
-// Larger blocks (split 1: 128 rows) fetch each x element once for more rows; smaller ones make
-// more blocks, so that every SM has work and the last wave is short. Decode at small M needs
-// little x traffic, so it favours many blocks.
-inline int choose_split(int m, int n, int num_sms, int warp_size) {
+// Larger blocks (split 1: tile_rows rows) fetch each x element once for more rows; smaller ones
+// make more blocks, so that every SM has work and the last wave is short. Decode at small M
+// needs little x traffic, so it favours many blocks.
+//
+// The pipelined kernel: the split with the least modelled wave quantization. Its blocks are
+// equal, so they run in waves of num_sms * per_sm (its occupancy); counting time in block-times
+// of a busy SM, a full wave takes per_sm and a last partial wave takes its most loaded SM's
+// block count, at least 2 (an SM with one block is assumed to run at half speed, as a block's
+// loads in flight cover about half an SM's share of the bandwidth). Efficiency = ideal / modelled
+// time; a larger split must beat a smaller one by 2% (larger blocks share x better).
+inline int choose_split(int m, int n, int num_sms, int warp_size, int variant = kDefaultVariant) {
   const int warps = kBlockThreads / warp_size;
-  const int target_blocks = num_sms * (m <= 4 ? 8 : 2);
+  const int tile = tile_rows(variant);
+  if (uses_pipe_kernel(variant)) {
+    const int per_sm = pipe_min_blocks(variant, m > 8 ? 16 : 8);
+    const int slots = num_sms * per_sm;
+    double best = -1.0;
+    int best_split = 1;
+    for (int split = 1; split <= warps; split *= 2) {
+      const int blocks = (n + tile / split - 1) / (tile / split);
+      const int tail = (blocks % slots + num_sms - 1) / num_sms;
+      const double time = static_cast<double>(blocks / slots) * per_sm + (tail == 0 ? 0 : tail < 2 ? 2 : tail);
+      const double efficiency = static_cast<double>(blocks) / num_sms / time;
+      if (efficiency > best + 0.02) {
+        best = efficiency;
+        best_split = split;
+      }
+    }
+    return best_split;
+  }
+  const int target_blocks = num_sms * (m <= 4 ? 8 : variant_spec(variant).big_m_blocks);
   int split = 1;
-  while (split < warps && (n + kTileRows / split - 1) / (kTileRows / split) < target_blocks) split *= 2;
+  while (split < warps && (n + tile / split - 1) / (tile / split) < target_blocks) split *= 2;
   return split;
 }
 
 namespace detail {
 
+template <typename T, Engine E, int V>
+void launch_variant(const SkinnyParams& p, stream_t stream);
+
 template <typename T, int M_TILE, int G, bool SYM, Engine E>
 void launch_instance(const SkinnyParams& p, stream_t stream) {
   const int block_rows = kTileRows / p.split;
   const int blocks = (p.n + block_rows - 1) / block_rows;
+#if W4_EMU
+  (void)stream;
+  ::w4emu::launch(skinny_kernel<T, M_TILE, G, SYM, E>, blocks, kBlockThreads, 0, p);
+#else
   skinny_kernel<T, M_TILE, G, SYM, E><<<blocks, kBlockThreads, 0, stream>>>(p);
+#endif
 }
 
-template <typename T, int G, bool SYM, Engine E>
-void launch_m(const SkinnyParams& p, stream_t stream) {
-  if constexpr (E == Engine::kMma) {
-    if (p.m <= 8) return launch_instance<T, 8, G, SYM, E>(p, stream);
-    return launch_instance<T, 16, G, SYM, E>(p, stream);
+template <typename T, int M_TILE, int G, bool SYM, Engine E, int V>
+void launch_pipe_instance(const SkinnyParams& p, stream_t stream) {
+  const int block_rows = tile_rows(V) / p.split;
+  const int blocks = (p.n + block_rows - 1) / block_rows;
+  constexpr int kSmem = PipeSmem<V, SYM>::bytes(M_TILE);
+#if W4_EMU
+  (void)stream;
+  ::w4emu::launch(skinny_pipe_kernel<T, M_TILE, G, SYM, E, V>, blocks, kBlockThreads, kSmem, p);
+#else
+#if !W4_HIP
+  if constexpr (kSmem > 48 * 1024) {
+    // Above 48 KB a kernel must opt in, once per device (a failure shows as a launch error).
+    static std::atomic<uint64_t> opted_in{0};
+    int device = 0;
+    cudaGetDevice(&device);
+    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+    if (bit == 0 || (opted_in.load(std::memory_order_relaxed) & bit) == 0) {
+      cudaFuncSetAttribute(skinny_pipe_kernel<T, M_TILE, G, SYM, E, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           kSmem);
+      opted_in.fetch_or(bit, std::memory_order_relaxed);
+    }
+  }
+#endif
+  skinny_pipe_kernel<T, M_TILE, G, SYM, E, V><<<blocks, kBlockThreads, kSmem, stream>>>(p);
+#endif
+}
+
+template <typename T, int M_TILE, int G, bool SYM, Engine E, int V>
+void launch_tile(const SkinnyParams& p, stream_t stream) {
+  if constexpr (uses_pipe_kernel(V)) {
+    launch_pipe_instance<T, M_TILE, G, SYM, E, V>(p, stream);
   } else {
-    if (p.m <= 1) return launch_instance<T, 1, G, SYM, E>(p, stream);
-    if (p.m <= 2) return launch_instance<T, 2, G, SYM, E>(p, stream);
-    if (p.m <= 4) return launch_instance<T, 4, G, SYM, E>(p, stream);
-    if (p.m <= 8) return launch_instance<T, 8, G, SYM, E>(p, stream);
-    return launch_instance<T, 16, G, SYM, E>(p, stream);
+    launch_instance<T, M_TILE, G, SYM, E>(p, stream);
   }
 }
 
-template <typename T, Engine E>
+template <typename T, int G, bool SYM, Engine E, int V>
+void launch_m(const SkinnyParams& p, stream_t stream) {
+  if constexpr (E == Engine::kMma) {
+    if (p.m <= 8) return launch_tile<T, 8, G, SYM, E, V>(p, stream);
+    return launch_tile<T, 16, G, SYM, E, V>(p, stream);
+  } else if constexpr (uses_pipe_kernel(V)) {
+    // Pipelined simt instances exist for M = 1 only (a benchmark of the load path); other M
+    // run the base kernel.
+    if (p.m <= 1) return launch_tile<T, 1, G, SYM, E, V>(p, stream);
+    return launch_variant<T, E, kDefaultVariant>(p, stream);  // any split <= warps suits it
+  } else {
+    if (p.m <= 1) return launch_tile<T, 1, G, SYM, E, V>(p, stream);
+    if (p.m <= 2) return launch_tile<T, 2, G, SYM, E, V>(p, stream);
+    if (p.m <= 4) return launch_tile<T, 4, G, SYM, E, V>(p, stream);
+    if (p.m <= 8) return launch_tile<T, 8, G, SYM, E, V>(p, stream);
+    return launch_tile<T, 16, G, SYM, E, V>(p, stream);
+  }
+}
+
+// Every kernel of one variant and engine for element type T. The extension compiles each
+// (T, E, V) in its own translation unit (skinny_inst_v*.cu, declared in skinny_instances.h).
+template <typename T, Engine E, int V>
+void launch_variant(const SkinnyParams& p, stream_t stream) {
+  if constexpr (V != kDefaultVariant && !uses_pipe_kernel(V)) {
+    // The base kernel under another split policy (p.split), or a kCpAsync variant on HIP: the
+    // default variant's kernels, instantiated once.
+    launch_variant<T, E, kDefaultVariant>(p, stream);
+  } else {
+    if constexpr (uses_pipe_kernel(V)) {
+      // The pipelined kernel needs k % 128 == 0 (no K tail; always so for G = 128), n >= 8, row
+      // offsets that fit in an int, and for its cp.async ring 4-byte scale words: a 4-byte aligned
+      // scales tensor with an even element count. Other calls run the base kernel.
+      const int64_t scale_count = static_cast<int64_t>(p.n) * (p.k / p.group_size);
+      const bool words_ok = reinterpret_cast<uintptr_t>(p.scales) % 4 == 0 && scale_count % 2 == 0;
+      if (p.k % kIterK != 0 || p.n < 8 || static_cast<int64_t>(p.n) * (p.k / kLaneK) > INT32_MAX ||
+          (PipeSmem<V, true>::kRing && !words_ok)) {
+        return launch_variant<T, E, kDefaultVariant>(p, stream);
+      }
+    }
+    const bool sym = p.zeros == nullptr;
+    switch (p.group_size) {
+      case 32: return sym ? launch_m<T, 32, true, E, V>(p, stream) : launch_m<T, 32, false, E, V>(p, stream);
+      case 64: return sym ? launch_m<T, 64, true, E, V>(p, stream) : launch_m<T, 64, false, E, V>(p, stream);
+      default: return sym ? launch_m<T, 128, true, E, V>(p, stream) : launch_m<T, 128, false, E, V>(p, stream);
+    }
+  }
+}
+
+template <typename T, Engine E, int V = 0>
 void launch_engine(const SkinnyParams& p, stream_t stream) {
-  const bool sym = p.zeros == nullptr;
-  switch (p.group_size) {
-    case 32: return sym ? launch_m<T, 32, true, E>(p, stream) : launch_m<T, 32, false, E>(p, stream);
-    case 64: return sym ? launch_m<T, 64, true, E>(p, stream) : launch_m<T, 64, false, E>(p, stream);
-    default: return sym ? launch_m<T, 128, true, E>(p, stream) : launch_m<T, 128, false, E>(p, stream);
+  if (p.variant == V) return launch_variant<T, E, V>(p, stream);
+  if constexpr (V + 1 < kNumVariants) {
+    return launch_engine<T, E, V + 1>(p, stream);
+  } else {
+    return launch_variant<T, E, kDefaultVariant>(p, stream);  // out of range (the binding rejects it)
   }
 }
 
 }  // namespace detail
 
-// The caller has validated p (1 <= m <= kMaxM, group_size in {32, 64, 128}, alignment) and set
-// p.split, e.g. from choose_split. kMma needs CUDA sm_80+; on HIP only kSimt is compiled.
+// The caller has validated p (1 <= m <= kMaxM, group_size in {32, 64, 128}, alignment, variant)
+// and set p.split, e.g. from choose_split(..., p.variant). kMma needs CUDA sm_80+; on HIP only
+// kSimt is compiled.
 template <typename T>
 void launch_skinny(const SkinnyParams& p, Engine engine, stream_t stream) {
 #if W4_HIP
