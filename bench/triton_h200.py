@@ -3,6 +3,8 @@
     python bench/triton_h200.py --out DIR             # parity, timing vs peers, tile sweep (< ~8 min)
     compute-sanitizer --tool memcheck python bench/triton_h200.py --sanitize --out DIR
     python bench/triton_h200.py --dry-run --out DIR   # CPU: case lists and floors, no kernel runs
+    python bench/triton_h200.py --sections variants --out DIR            # candidate sweep (~4 min)
+    python bench/triton_h200.py --sections variants --dry-run --out DIR  # CPU: its plan and protocol
 
 (a) Parity: oracle.shapes.unique_shapes() x DECODE_BATCHES + PREFILL_BATCHES x fp16/bf16 x
     sym/asym at G = 128, judged against the fp64 reference computed on the GPU (error model,
@@ -18,6 +20,13 @@
 (c) Tile sweep at M = 1 and M = 16 on the Llama shapes: a handful of candidate configs per
     shape; prints the best per M bucket (geometric mean of % of floor) for tile_configs.HOPPER.
 
+(d) Variants (only when asked for): every candidate of VARIANT_CANDIDATES (tile shapes, K-tiles
+    of several quant groups, multi-row GEMV, swapped tensor-core operands, half dequant) is first
+    checked for correctness in a child process (2 small cases judged by the oracle, bit-exact
+    repeat), then timed like (b) on four large shapes at M = 1, 4, 16 (decode candidates) or
+    M = 4096 (prefill candidates) next to dense cuBLAS and tinygemm; writes
+    DIR/triton_variants.json and .md and prints the table and the best candidates per M.
+
 Each section has a share of --budget-s and records the cells it had no time for; every cell
 catches its own exception. Writes DIR/triton_h200.json and DIR/triton_h200.md.
 """
@@ -28,12 +37,16 @@ import argparse
 import copy
 import json
 import math
+import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from itertools import product
 from pathlib import Path
 
@@ -41,7 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from optimized.tile_configs import HOPPER, TileConfig, check_config, select_config  # noqa: E402
+from optimized.tile_configs import HOPPER, TileConfig, check_config, fit_config, select_config  # noqa: E402
 from optimized.triton_w4a16 import device_name, w4a16_matmul  # noqa: E402
 from oracle import judge, plain_torch_matmul, random_quantized, reference_matmul, run_probes  # noqa: E402
 from oracle.canonical import QuantizedWeight  # noqa: E402
@@ -71,7 +84,9 @@ FLUSH_BYTES = 256 << 20    # written before each secondary (single-call) timing
 # What the dry run assumes; a real run measures both (DESIGN.md section 5).
 NOMINAL_BANDWIDTH = 4.25e12
 NOMINAL_DENSE_RATE = 680e12
-BUDGET_SHARES = {"parity": 0.45, "timing": 0.35, "sweep": 0.20}
+# Default seconds per section; --budget-s rescales them in proportion. variants stays within
+# ~240 s on the H200 with start-up and the bandwidth and dense-rate measurements.
+SECTION_SECONDS = {"parity": 202.5, "timing": 157.5, "sweep": 90.0, "variants": 200.0}
 
 T = TileConfig
 SWEEP_M = (1, 16)
@@ -95,12 +110,13 @@ def error_text(e: BaseException) -> str:
 class Clock:
     """Cumulative deadlines: a section that finishes early leaves its time to the next."""
 
-    def __init__(self, budget_s: float, sections: list[str]):
+    def __init__(self, budget_s: float | None, sections: list[str]):
         self.start = time.perf_counter()
         self.deadline, spent = {}, 0.0
-        total = sum(BUDGET_SHARES[s] for s in sections)
+        total = sum(SECTION_SECONDS[s] for s in sections)
+        budget_s = total if budget_s is None else budget_s
         for s in sections:
-            spent += budget_s * BUDGET_SHARES[s] / total
+            spent += budget_s * SECTION_SECONDS[s] / total
             self.deadline[s] = self.start + spent
 
     def expired(self, section: str) -> bool:
@@ -502,6 +518,341 @@ def best_per_bucket(rows: list[dict]) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# (d) Variants: candidate tile configs and kernel paths, checked in subprocesses, timed here
+
+V = TileConfig
+# Decode candidates run at every VARIANT_DECODE_M; prefill candidates at VARIANT_PREFILL_M. The
+# first of each group is the current HOPPER-table config (the baseline). split_k is an upper
+# bound: `fit_config` with HOPPER's target_programs and SPLIT_BELOW picks the split per shape.
+VARIANT_CANDIDATES: dict[str, tuple[TileConfig, ...]] = {
+    "decode": (
+        # GEMV (CUDA cores), one row of x: K-tiles of 1, 2 and 4 groups.
+        V(1, 128, 128, 8, 4, 3),
+        V(1, 64, 256, 8, 4, 1),
+        V(1, 128, 256, 8, 4, 1),
+        V(1, 64, 256, 8, 4, 3),
+        V(1, 64, 512, 8, 4, 1),
+        V(1, 128, 512, 8, 8, 1),
+        # GEMV, several rows of x per program (each dequantized weight reused per row; sm_90
+        # registers without spills: 128, 185 and 254 a thread).
+        V(2, 32, 256, 8, 4, 1, path="gemv"),
+        V(4, 32, 256, 8, 4, 1, path="gemv"),
+        V(2, 64, 256, 8, 4, 1, path="gemv"),
+        # Tensor cores, 16 rows of x as the A operand: wider K-tiles, dequant in bf16.
+        V(16, 64, 128, 8, 4, 4),
+        V(16, 64, 256, 8, 4, 4),
+        V(16, 64, 256, 8, 4, 4, dequant="half"),
+        V(16, 64, 512, 8, 4, 3, dequant="half"),
+        V(16, 128, 256, 8, 8, 3, dequant="half"),
+        # Tensor cores, the weight tile as the A operand (wgmma from registers on Hopper).
+        V(16, 64, 256, 8, 4, 4, path="dot_swap", dequant="half"),
+        V(16, 128, 128, 8, 4, 4, path="dot_swap", dequant="half"),
+        V(16, 128, 256, 8, 8, 3, path="dot_swap", dequant="half"),
+        V(16, 64, 256, 8, 4, 2, path="dot_swap", dequant="half"),
+    ),
+    "prefill": (
+        V(128, 128, 64, 1, 8, 4),
+        V(128, 128, 128, 1, 8, 3, dequant="half"),
+        V(128, 256, 64, 1, 8, 3, dequant="half"),
+        V(256, 128, 64, 1, 8, 3, dequant="half"),
+        V(256, 128, 64, 1, 8, 3, path="dot_swap", dequant="half"),
+        V(128, 128, 128, 1, 8, 3, path="dot_swap", dequant="half"),
+        V(128, 128, 256, 1, 8, 2, dequant="half"),
+    ),
+}
+VARIANT_SHAPES = ((4096, 28672), (8192, 57344), (28672, 8192), (8192, 10240))  # (K, N)
+VARIANT_M = {"decode": (1, 4, 16), "prefill": (4096,)}
+# Peers timed per shape: tinygemm only at decode M (it is a GEMV kernel).
+VARIANT_PEERS = {"dense": (1, 4, 16, 4096), "tinygemm": (1, 4, 16)}
+SPLIT_BELOW = 2 * 132  # no split-K once the N-tiles are twice the H200's SMs
+# Correctness before timing, bf16 asymmetric without bias (the timed specialization, so the check
+# compiles what the timing runs): (K, N, M, force no split). N is a multiple of 16 (as every timed
+# N, so Triton specializes the same way) but of no tile width.
+VARIANT_CHECKS = {"decode": ((2048, 1040, 3, False), (1024, 2064, 16, True)),
+                  "prefill": ((2048, 1040, 300, False), (1024, 2064, 1000, True))}
+# The dry run checks a few candidates through the interpreter on tiny shapes (K = 2 block_k).
+DRY_CHECKS = {"decode": ((80, 3, False), (48, 16, True)), "prefill": ((80, 40, False), (48, 20, True))}
+DRY_CANDIDATES = (("decode", 7), ("decode", 16), ("prefill", 4))
+CHECK_WORKERS = 8
+CHECK_TIMEOUT_S = 150.0
+VARIANTS_CHECK_SHARE = 0.45  # of the variants budget, at most, for the checks
+
+
+def variant_list() -> list[tuple[str, int, TileConfig]]:
+    return [(kind, i, cfg) for kind, cfgs in VARIANT_CANDIDATES.items() for i, cfg in enumerate(cfgs)]
+
+
+def variant_fit(cfg: TileConfig, n: int, k: int) -> TileConfig:
+    return fit_config(cfg, n, k, GROUP, HOPPER.target_programs, SPLIT_BELOW)
+
+
+def variant_plan() -> dict:
+    """Every candidate fitted to every timed shape (validity checked), and the cells to time."""
+    cells, fitted = [], {}
+    for kind, i, cfg in variant_list():
+        for k, n in VARIANT_SHAPES:
+            f = variant_fit(cfg, n, k)
+            check_config(f, k, GROUP)
+            fitted[f"{kind}:{i}:K{k}xN{n}"] = f.id
+            cells += [{"kind": kind, "index": i, "candidate": cfg.id, "k": k, "n": n, "m": m, "fitted": f.id}
+                      for m in VARIANT_M[kind]]
+        for k, n, m, no_split in VARIANT_CHECKS[kind]:
+            f = variant_fit(cfg, n, k)
+            check_config(replace(f, split_k=1) if no_split else f, k, GROUP)
+    peers = [{"provider": p, "k": k, "n": n, "m": m} for k, n in VARIANT_SHAPES for p, ms in VARIANT_PEERS.items()
+             for m in ms]
+    return {"candidates": len(variant_list()), "cells": cells, "peer_cells": peers, "fitted": fitted}
+
+
+def variant_check(kind: str, index: int, dry: bool) -> dict:
+    """One candidate's correctness cases (run in a child process: a faulting kernel cannot take
+    the timing process's CUDA context down with it), judged like the parity section."""
+    cfg = VARIANT_CANDIDATES[kind][index]
+    device = "cpu" if dry else DEVICE
+    gen = torch.Generator().manual_seed(index + 101 * len(kind))
+    out = {"kind": kind, "index": index, "candidate": cfg.id, "cases": []}
+    t0 = time.perf_counter()
+    if dry:
+        cases = [(2 * max(cfg.block_k, GROUP), n, m, ns) for n, m, ns in DRY_CHECKS[kind]]
+    else:
+        cases = VARIANT_CHECKS[kind]
+    for k, n, m, no_split in cases:
+        case = {"k": k, "n": n, "m": m}
+        try:
+            f = variant_fit(cfg, n, k)
+            f = replace(f, split_k=1) if no_split else f
+            case["config"] = f.id
+            w = random_quantized(n, k, GROUP, False, torch.bfloat16, generator=gen).to(device)
+            kw = to_kernel_layout(w, torch.bfloat16)
+            x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(device)
+            y = w4a16_matmul(x, kw.qweight, kw.scales, kw.zeros, kw.group_size, config=f)
+            again = w4a16_matmul(x, kw.qweight, kw.scales, kw.zeros, kw.group_size, config=f)
+            v = judge(y, reference_matmul(x, w, None, accumulate=torch.float64), dequant_dtype=torch.bfloat16,
+                      dequant_roundings=1, baseline=plain_torch_matmul(x, w, None))
+            case.update(passed=bool(v.passed and torch.equal(y, again)), deterministic=bool(torch.equal(y, again)),
+                        worst_ratio=v.worst_ratio, hard_violations=v.hard_violations,
+                        summary=None if v.passed else v.summary())
+        except Exception as e:  # noqa: BLE001 - recorded, the candidate is dropped from timing
+            case.update(passed=False, error=error_text(e))
+        out["cases"].append(case)
+    out["passed"] = all(c.get("passed") for c in out["cases"])
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def check_variants(todo: list[tuple[str, int]], deadline: float, dry: bool) -> dict[tuple[str, int], dict]:
+    """Run `variant_check` for each (kind, index) in child processes, CHECK_WORKERS at a time;
+    their Triton compilations land in the on-disk cache the timing process then reads."""
+    results: dict[tuple[str, int], dict] = {}
+    env = dict(os.environ)
+    if dry:
+        env["TRITON_INTERPRET"] = "1"
+    pending, running = list(todo), {}
+    while pending or running:
+        while pending and len(running) < (1 if dry else CHECK_WORKERS) and time.perf_counter() < deadline:
+            kind, index = pending.pop(0)
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--variant-check", f"{kind}:{index}", "--out", "."]
+            if dry:
+                cmd.append("--dry-run")
+            # Files, not pipes: a child that writes more than a pipe holds must not block.
+            logs = (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))
+            proc = subprocess.Popen(cmd, stdout=logs[0], stderr=logs[1], text=True, env=env)
+            running[(kind, index)] = (proc, time.perf_counter(), logs)
+        if not running:
+            break
+        time.sleep(0.2)
+        for key, (proc, started, logs) in list(running.items()):
+            late = time.perf_counter() - started > CHECK_TIMEOUT_S or time.perf_counter() > deadline + 30
+            if proc.poll() is None and not late:
+                continue
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            stdout, stderr = (f.seek(0) or f.read() for f in logs)
+            for f in logs:
+                f.close()
+            line = next((ln for ln in stdout.splitlines() if ln.startswith(CHECK_TAG)), None)
+            if line is not None:
+                results[key] = json.loads(line[len(CHECK_TAG):])
+            else:
+                results[key] = {"kind": key[0], "index": key[1], "candidate": VARIANT_CANDIDATES[key[0]][key[1]].id,
+                                "passed": False, "error": ("timed out; " if late else "") +
+                                f"exit {proc.returncode}: {stderr[-1500:]}"}
+            del running[key]
+    for key in pending:
+        results[key] = {"kind": key[0], "index": key[1], "candidate": VARIANT_CANDIDATES[key[0]][key[1]].id,
+                        "passed": False, "error": "not checked (time budget)"}
+    return results
+
+
+CHECK_TAG = "VARIANT_CHECK "
+
+
+def run_variants(clock: Clock, bandwidth: float, rate: float, seed: int) -> dict:
+    plan = variant_plan()
+    start = time.perf_counter()
+    budget = clock.deadline["variants"] - start
+    checks = check_variants([(kind, i) for kind, i, _ in variant_list()],
+                            start + VARIANTS_CHECK_SHARE * budget, dry=False)
+    passed = [(kind, i, cfg) for kind, i, cfg in variant_list() if checks[(kind, i)].get("passed")]
+    log(f"[{clock.elapsed():6.1f}s] variants: {len(passed)} of {len(checks)} candidates passed their checks "
+        f"({time.perf_counter() - start:.1f}s)")
+    for key, c in checks.items():
+        if not c.get("passed"):
+            why = c.get("error") or next((x.get("error") or x.get("summary") for x in c.get("cases", [])
+                                          if not x.get("passed")), "")
+            log(f"  check failed {key[0]}:{key[1]} {c['candidate']}: {str(why)[:300]}")
+    rows, peers, skipped = [], [], 0
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=DEVICE)
+    for k, n in VARIANT_SHAPES:
+        shape = LinearShape("variants", "shape", k, n)
+        if clock.expired("variants"):
+            skipped += 1
+            continue
+        t0 = time.perf_counter()
+        xs = {m: torch.randn(m, k, device=DEVICE, generator=gen).to(torch.bfloat16)
+              for m in sorted({m for ms in VARIANT_M.values() for m in ms})}
+        try:
+            w = make_weight(shape, False, torch.bfloat16, gen)
+            kws = kernel_copies(w, copies_for(w4_bytes(0, k, n)))
+        except Exception as e:  # noqa: BLE001
+            rows.append({"k": k, "n": n, "error": error_text(e)})
+            continue
+        for name, ms in VARIANT_PEERS.items():
+            build, copy_bytes, _ = PROVIDERS[name]
+            try:
+                fns = build(w, copies_for(copy_bytes(k, n)))
+            except Exception as e:  # noqa: BLE001
+                peers += [{"provider": name, "k": k, "n": n, "m": m, "error": error_text(e)} for m in ms]
+                continue
+            for m in ms:
+                row = {"provider": name, "k": k, "n": n, "m": m, **floors_us(m, k, n, bandwidth, rate)}
+                try:
+                    row.update(time_provider(fns, xs[m], flush))
+                    row["pct_of_floor"] = 100 * row["floor_us"] / row["graph_us"]
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = error_text(e)
+                peers.append(row)
+            del fns
+        del w
+        torch.cuda.empty_cache()
+        for kind, i, cfg in passed:
+            if clock.expired("variants"):
+                skipped += len(VARIANT_M[kind])
+                continue
+            fitted = variant_fit(cfg, n, k)
+            for m in VARIANT_M[kind]:
+                row = {"kind": kind, "index": i, "candidate": cfg.id, "config": fitted.id, "k": k, "n": n, "m": m,
+                       **floors_us(m, k, n, bandwidth, rate)}
+                try:
+                    row.update(time_provider(triton_calls(kws, fitted), xs[m], flush))
+                    row["pct_of_floor"] = 100 * row["floor_us"] / row["graph_us"]
+                    for p in peers:
+                        if (p["k"], p["n"], p["m"]) == (k, n, m) and "graph_us" in p:
+                            row[f"vs_{p['provider']}"] = p["graph_us"] / row["graph_us"]
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = error_text(e)
+                rows.append(row)
+        del kws
+        torch.cuda.empty_cache()
+        log(f"[{clock.elapsed():6.1f}s] variants K{k}xN{n}: {time.perf_counter() - t0:.1f}s")
+    return {"plan_cells": len(plan["cells"]), "split_below": SPLIT_BELOW,
+            "target_programs": HOPPER.target_programs, "checks": list(checks.values()), "rows": rows,
+            "peers": peers, "skipped_cells": skipped, "best": variant_best(rows)}
+
+
+def variant_best(rows: list[dict]) -> dict:
+    """Per M: candidates ranked by the geometric mean of % of floor over the shapes (only those
+    timed on every shape that any candidate was timed on at that M), and the per-shape winner."""
+    out = {}
+    for m in sorted({r["m"] for r in rows if "m" in r}):
+        at_m = [r for r in rows if r.get("m") == m and "pct_of_floor" in r]
+        shapes = sorted({(r["k"], r["n"]) for r in at_m})
+        scores, counts = {}, {}
+        for cand in sorted({r["candidate"] for r in at_m}):
+            pcts = [r["pct_of_floor"] for r in at_m if r["candidate"] == cand]
+            scores[cand] = math.exp(statistics.fmean(math.log(p) for p in pcts))
+            counts[cand] = len(pcts)
+        # Candidates timed on every shape first (a run cut short by the budget leaves some out).
+        ranked = sorted(scores, key=lambda c: (counts[c], scores[c]), reverse=True)
+        per_shape = {}
+        for k, n in shapes:
+            win = max((r for r in at_m if (r["k"], r["n"]) == (k, n)), key=lambda r: r["pct_of_floor"])
+            per_shape[f"K{k}xN{n}"] = {"candidate": win["candidate"], "config": win["config"],
+                                       "graph_us": win["graph_us"], "pct_of_floor": win["pct_of_floor"],
+                                       **{key: win[key] for key in ("vs_dense", "vs_tinygemm") if key in win}}
+        out[str(m)] = {"ranking": [(c, scores[c], counts[c]) for c in ranked], "shapes": len(shapes),
+                       "per_shape": per_shape}
+    return out
+
+
+def variants_table(v: dict) -> str:
+    """The compact table: candidate x shape x M: us, % of floor, speedup vs dense (and tinygemm)."""
+    lines = ["| candidate | shape | M | config | us | % floor | vs dense | vs tinygemm |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in v["peers"]:
+        lines.append(f"| ({r['provider']}) | K{r['k']}xN{r['n']} | {r['m']} | - | {fmt(r.get('graph_us'))} | "
+                     f"{fmt(r.get('pct_of_floor'), '.0f')} | - | - |")
+    for r in v["rows"]:
+        if "m" not in r:
+            lines.append(f"| - | K{r['k']}xN{r['n']} | - | - | {r.get('error', '')[:120]} | | | |")
+            continue
+        us = fmt(r.get("graph_us")) if "graph_us" in r else "ERR " + r.get("error", "")[:80]
+        lines.append(f"| {r['candidate']} | K{r['k']}xN{r['n']} | {r['m']} | {r['config']} | {us} | "
+                     f"{fmt(r.get('pct_of_floor'), '.0f')} | {fmt(r.get('vs_dense'), '.2f')} | "
+                     f"{fmt(r.get('vs_tinygemm'), '.2f')} |")
+    lines += ["", "Best per M (geometric mean of % of floor over the shapes; speedup = peer us / candidate us):"]
+    for m, b in v["best"].items():
+        top = ", ".join(f"{c} {s:.1f}%" + ("" if n == b["shapes"] else f" ({n} shapes)")
+                        for c, s, n in b["ranking"][:6])
+        lines.append(f"- M={m}: {top}")
+        lines += [f"  - {s}: {w['candidate']} ({w['config']}) {w['graph_us']:.1f} us {w['pct_of_floor']:.0f}% "
+                  f"vs dense {fmt(w.get('vs_dense'), '.2f')} vs tinygemm {fmt(w.get('vs_tinygemm'), '.2f')}"
+                  for s, w in b["per_shape"].items()]
+    failed = [c for c in v["checks"] if not c.get("passed")]
+    lines += ["", f"{len(v['checks']) - len(failed)} of {len(v['checks'])} candidates passed their checks; "
+              f"{v['skipped_cells']} cells skipped (time budget)"]
+    for c in failed:
+        why = c.get("error") or next((x.get("error") or x.get("summary") for x in c.get("cases", [])
+                                      if not x.get("passed")), "")
+        lines.append(f"- {c['kind']}:{c['index']} {c['candidate']}: {str(why)[:300]}")
+    return "\n".join(lines) + "\n"
+
+
+def variants_dry_run(out: Path) -> dict:
+    """CPU: the plan (every candidate fitted and valid on every shape), a check of a few
+    candidates through the child-process protocol under the interpreter, and the report built
+    from made-up timings."""
+    plan = variant_plan()
+    checks = check_variants([c for c in DRY_CANDIDATES], time.perf_counter() + 600, dry=True)
+    fake_rows, fake_peers = [], []
+    for j, c in enumerate(plan["cells"]):
+        floor = floors_us(c["m"], c["k"], c["n"], NOMINAL_BANDWIDTH, NOMINAL_DENSE_RATE)
+        us = floor["floor_us"] * (1.2 + 0.01 * (j % 37))
+        fake_rows.append({**c, **floor, "config": c["fitted"], "graph_us": us, "pct_of_floor": 100 * floor["floor_us"] / us,
+                          "vs_dense": 1.0})
+    for p in plan["peer_cells"]:
+        floor = floors_us(p["m"], p["k"], p["n"], NOMINAL_BANDWIDTH, NOMINAL_DENSE_RATE)
+        fake_peers.append({**p, **floor, "graph_us": 2 * floor["floor_us"], "pct_of_floor": 50.0})
+    fake = {"checks": list(checks.values()), "rows": fake_rows, "peers": fake_peers, "skipped_cells": 0,
+            "best": variant_best(fake_rows)}
+    report = variants_table(fake)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "triton_variants.json").write_text(json.dumps({"dry_run": True, "plan": plan, **fake}, indent=1, default=str))
+    (out / "triton_variants.md").write_text("# Triton W4A16 variants (dry run, made-up timings)\n\n" + report)
+    log(report[-3000:])
+    return {"plan": plan, "checks": list(checks.values())}
+
+
+def variant_check_main(spec: str, dry: bool) -> int:
+    kind, index = spec.split(":")
+    result = variant_check(kind, int(index), dry)
+    print(CHECK_TAG + json.dumps(result, default=str), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # Sanitize
 
 
@@ -639,21 +990,30 @@ def dry_run(shapes: list[LinearShape]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for triton_h200.json and .md")
-    parser.add_argument("--sections", default="parity,timing,sweep", help="comma-separated subset")
-    parser.add_argument("--budget-s", type=float, default=450.0, help="total seconds for the sections")
+    parser.add_argument("--sections", default="parity,timing,sweep",
+                        help=f"comma-separated subset of {list(SECTION_SECONDS)}")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="total seconds for the sections (default: the sum of their defaults, "
+                             f"{SECTION_SECONDS})")
     parser.add_argument("--shapes", default="", help="only shapes whose id contains this text")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dry-run", action="store_true", help="CPU only: case lists and nominal floors")
     parser.add_argument("--sanitize", action="store_true", help="a few small runs of every path, for compute-sanitizer")
+    parser.add_argument("--variant-check", default=None, help=argparse.SUPPRESS)  # KIND:INDEX, a child process
     args = parser.parse_args()
+    if args.variant_check:
+        return variant_check_main(args.variant_check, args.dry_run)
     sections = [s for s in args.sections.split(",") if s]
-    unknown = set(sections) - set(BUDGET_SHARES)
+    unknown = set(sections) - set(SECTION_SECONDS)
     if unknown:
-        parser.error(f"unknown sections {sorted(unknown)}; choose from {list(BUDGET_SHARES)}")
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {list(SECTION_SECONDS)}")
     shapes = [s for s in unique_shapes() if args.shapes in s.id]
     result: dict = {"environment": environment(), "argv": sys.argv[1:]}
     if args.dry_run:
-        result["plan"] = dry_run(shapes)
+        if sections != ["variants"]:
+            result["plan"] = dry_run(shapes)
+        if "variants" in sections:
+            result["variants_plan"] = variants_dry_run(args.out)
         write(result, args.out)
         return 0
     if not torch.cuda.is_available():
@@ -662,7 +1022,7 @@ def main() -> int:
         return 1 if run_sanitize(args.seed) else 0
     clock = Clock(args.budget_s, sections)
     try:
-        if "timing" in sections or "sweep" in sections:
+        if {"timing", "sweep", "variants"} & set(sections):
             result["measured"] = {**hbm_bandwidth(), "dense_flops": dense_rate()}
             log(f"[{clock.elapsed():6.1f}s] measured {json.dumps(result['measured'])}")
         bandwidth = result.get("measured", {}).get("bytes_per_s", NOMINAL_BANDWIDTH)
@@ -676,8 +1036,19 @@ def main() -> int:
             for m, b in result["sweep"]["best"].items():
                 log(f"sweep M={m}: best {b['best']} {fmt(b['geomean_pct'].get(b['best']))}% of floor "
                     f"(table {fmt(b['table_geomean_pct'])}%)")
+        if "variants" in sections:
+            result["variants"] = run_variants(clock, bandwidth, rate, args.seed)
     finally:
         result["elapsed_s"] = clock.elapsed()
+        if "variants" in result:
+            v = result["variants"]
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "triton_variants.json").write_text(json.dumps(
+                {"environment": result["environment"], "measured": result.get("measured"),
+                 "elapsed_s": result["elapsed_s"], **v}, indent=1, default=str))
+            table = variants_table(v)
+            (args.out / "triton_variants.md").write_text("# Triton W4A16 variants\n\n" + table)
+            log("\n" + table)
         write(result, args.out)
     p = result.get("parity", {})
     return 1 if p.get("failed_cells") or p.get("probe_mismatches") or p.get("probe_errors") else 0

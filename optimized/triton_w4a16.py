@@ -1,21 +1,30 @@
 """Triton W4A16 matmul: y = x @ W^T + bias, W[n, k] = (q[n, k] - z[n, k // G]) * s[n, k // G].
 
 Arguments follow `optimized.contract` (`w4a16_matmul` restates every tensor's dtype, shape and
-layout). One kernel serves every M; the tile config (`optimized.tile_configs`) picks its path:
+layout). One kernel serves every M; the tile config (`optimized.tile_configs`) picks its path
+(`TileConfig.path`, compile-time constants, never a branch in the wrapper):
 
-* GEMV tiles (block_m == 1, the M = 1 decode bucket): one row of x against a [block_n, block_k]
-  weight tile on the CUDA cores. Each product x[k] * (q - z) is exact in fp32, the K-tile's sum
-  is fp32 and scaled once by s[n]; the weight is never rounded.
-* Tensor-core tiles (block_m >= 16): the weight tile is dequantized in registers into x.dtype,
-  (q - z) * s rounded once, and fed to tl.dot with an fp32 accumulator.
+* GEMV tiles (path "gemv", block_m = 1..8 rows of x per program, the decode buckets): rows of x
+  against a [block_n, block_k] weight tile on the CUDA cores. Each product x[k] * (q - z) is exact
+  in fp32, each group's sum within the K-tile is fp32 and scaled once by s[n, g]; the weight is
+  never rounded. With several rows, each plane's q - z is computed once and used for every row.
+* Tensor-core tiles (path "dot", block_m >= 16): the weight tile is dequantized in registers into
+  x.dtype, (q - z) * s rounded once, and fed to tl.dot with an fp32 accumulator. Path "dot_swap"
+  makes the weight tile the A operand and x^T the B operand (acc is [block_n, block_m]): on
+  Hopper that is a wgmma with the dequantized weights straight from registers, and 16 rows of x
+  fill its N dimension. TileConfig.dequant "half" computes (q - z) * s in x.dtype arithmetic
+  (exact q - z from a magic-number nibble, one rounding in the multiply: the same values as the
+  fp32 route, in packed half2 instructions).
 
 Small-M buckets also split K (split_k > 1) so that few output columns still spread over every
 SM: each split writes fp32 partials to a workspace [splits, M, N] and a second kernel adds them
 in split order, adds the bias and rounds once. No atomics anywhere, so repeated calls are
 bit-identical.
 
-Every K-tile lies inside one quant group (block_k divides G; `tile_configs.check_config`), so a
-tile needs one scale and one zero point per row and K needs no masking.
+No K-tile straddles a quant group (`tile_configs.no_straddle`): a K-tile lies inside one group
+(block_k divides G) or covers GROUPS_PER_TILE whole groups (block_k a multiple of G dividing K).
+Tiles are handled as [block_n, groups per tile, words per group] so each group's scale and zero
+point broadcast over its own words, and K needs no masking.
 
 Batch invariance: row i of the output depends only on x[i], the weight and the tile config, and
 the config depends on M only through its M bucket. So within one bucket (e.g. M = 2..16 on the
@@ -26,11 +35,12 @@ one config for all M: either no split-K at decode (on shapes with few N-tiles, e
 most SMs idle and decode loses several times its bandwidth) or decode-sized split-K tiles for
 prefill (tensor-core efficiency and an extra fp32 round trip through memory for every output).
 
-Under Triton's CPU interpreter (TRITON_INTERPRET=1, CPU tensors) the same kernel runs with two
-workarounds for interpreter bugs (triton 3.9): it computes tl.dot on bf16 operands from their
-raw uint16 bits and it truncates fp32 -> bf16. bf16 results are therefore rounded by hand
-(`_round_to_bf16`, also used on GPUs, where it costs a few integer ops per output element), and
-bf16 dot operands are widened to fp32 after that rounding (`DOT_IN_FP32`), which gives the exact
+Under Triton's CPU interpreter (TRITON_INTERPRET=1, CPU tensors) the same kernel runs with
+workarounds for three interpreter bugs (triton 3.9): it computes tl.dot on bf16 operands from their
+raw uint16 bits, it truncates fp32 -> bf16, and its bf16 arithmetic is wrong. bf16 results are
+therefore rounded by hand (`_round_to_bf16`, also used on GPUs, where it costs a few integer ops
+per output element), and bf16 dot operands are widened to fp32 after that rounding
+(`DOT_IN_FP32`, which also routes the half dequant through fp32 for bf16), which gives the exact
 products and fp32 sums the tensor cores compute.
 """
 
@@ -88,6 +98,43 @@ def _nibble_x16(packed, P: tl.constexpr):
     return (v | 0x4B000000).to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def _nibble_half(packed, P: tl.constexpr, XT: tl.constexpr):
+    """Nibble P of every packed word as the x.dtype value MAGIC + q, exactly: the nibble is ORed
+    into the mantissa of MAGIC (fp16 1024, bf16 128), whose unit there is 1. MAGIC + q - (MAGIC + z)
+    is then q - z exactly in x.dtype, and one multiply by s rounds (q - z) * s once, the same value
+    the fp32 route produces."""
+    if P == 0:
+        v = packed & 0xF
+    else:
+        v = (packed >> (4 * P)) & 0xF
+    if XT == tl.bfloat16:
+        v = v | 0x4300
+    else:
+        v = v | 0x6400
+    return v.to(tl.int16).to(XT, bitcast=True)
+
+
+@triton.jit
+def _dequant_plane(packed, P: tl.constexpr, off, sc, XT: tl.constexpr, DQ_HALF: tl.constexpr,
+                   DOT_IN_FP32: tl.constexpr):
+    """Nibble plane P of a [BLOCK_N, GT, WPS] word tile as tl.dot operand values: (q - z) * s
+    rounded once to x.dtype (widened back to fp32 under DOT_IN_FP32). `off` and `sc` broadcast
+    over the words of each group; their form depends on the route (see the kernel)."""
+    if DQ_HALF:
+        if DOT_IN_FP32:
+            # The interpreter's bf16 arithmetic is wrong (triton 3.9): same values through fp32.
+            return _round_to_bf16((_nibble_half(packed, P, XT).to(tl.float32) - off) * sc).to(tl.float32)
+        else:
+            return (_nibble_half(packed, P, XT) - off) * sc
+    else:
+        w = (_nibble_x16(packed, P) - off) * sc
+        if DOT_IN_FP32:
+            return _round_to_bf16(w).to(tl.float32)
+        else:
+            return w.to(XT)
+
+
 # M and the K-tile counts vary from call to call: specializing on them would only multiply
 # compilations. The strides stay specialized (divisibility by 16 proves wide loads aligned).
 @triton.jit(do_not_specialize=["M", "TILES_PER_GROUP", "TILES_PER_SPLIT"])
@@ -98,13 +145,20 @@ def _w4a16_kernel(
     # Dimensions and strides (in elements): x rows, qweight rows (K / 8), scale/zero-point rows (K / G).
     M, N, K,
     stride_xm, stride_qn, stride_gn,
-    TILES_PER_GROUP,  # G // BLOCK_K
+    TILES_PER_GROUP,  # G // BLOCK_K when a K-tile lies inside one group, else 1
     TILES_PER_SPLIT,  # K-tiles each split sums
-    # Meta-parameters. BLOCK_M is 1 (GEMV tiles) or >= 16 with USE_DOT (tensor-core tiles).
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WRITE_PARTIALS: tl.constexpr,
-    USE_DOT: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    # Meta-parameters. PATH: 0 GEMV (CUDA cores, BLOCK_M rows of x per program, 1..8), 1 tensor
+    # cores with x as the A operand, 2 tensor cores with the weight tile as the A operand (acc is
+    # [BLOCK_N, BLOCK_M]). GROUPS_PER_TILE: quant groups per K-tile (BLOCK_K // G when BLOCK_K > G,
+    # else 1). DQ_HALF: tensor-core dequant in x.dtype arithmetic instead of fp32.
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS_PER_TILE: tl.constexpr,
+    PATH: tl.constexpr, DQ_HALF: tl.constexpr, WRITE_PARTIALS: tl.constexpr,
+    HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr, GROUP_M: tl.constexpr,
 ):
+    XT: tl.constexpr = x_ptr.dtype.element_ty
+    GT: tl.constexpr = GROUPS_PER_TILE
+    # Words of one group inside a K-tile (all the tile's words when the tile is inside one group).
+    WPS: tl.constexpr = BLOCK_K // 8 // GROUPS_PER_TILE
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -120,53 +174,107 @@ def _w4a16_kernel(
     # Rows past M or N read row M-1 / N-1 instead of masking every load; they are never stored.
     rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)
     rows_n = tl.minimum(offs_n, N - 1)
-    offs_w = tl.arange(0, BLOCK_K // 8)
+    offs_g = tl.arange(0, GT)
+    # Word j of group segment i of a K-tile: word i * WPS + j of the tile. Tiles are handled as
+    # [BLOCK_N, GT, WPS] so that each group's scale and zero point broadcast over its own words.
+    words = offs_g[:, None] * WPS + tl.arange(0, WPS)[None, :]
 
-    w_ptrs = qweight_ptr + rows_n.to(tl.int64)[:, None] * stride_qn + offs_w[None, :]
-    s_ptrs = scales_ptr + rows_n * stride_gn
+    w_ptrs = qweight_ptr + rows_n.to(tl.int64)[:, None, None] * stride_qn + words[None, :, :]
+    if PATH == 0 and BLOCK_M > 1:
+        # Multi-row GEMV: the weight tile as [1, BLOCK_N, GT, WPS], loaded in the 4-D layout the
+        # products use (a 3-D load expanded afterwards costs a layout conversion per plane).
+        w_ptrs = w_ptrs[None, :, :, :]
+    s_ptrs = scales_ptr + rows_n[:, None] * stride_gn + offs_g[None, :]
     if HAS_ZEROS:
-        z_ptrs = zeros_ptr + (rows_n // 8) * stride_gn
-        z_shift = (rows_n % 8) * 4
-    if USE_DOT:
-        x_ptrs = x_ptr + rows_m[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
-    else:
+        z_ptrs = zeros_ptr + (rows_n // 8)[:, None] * stride_gn + offs_g[None, :]
+        z_shift = ((rows_n % 8) * 4)[:, None]
+    if PATH == 0:
         # x[m, 8j + P] for word j: the GEMV multiplies nibble plane P by this strided slice.
-        x_ptrs = x_ptr + pid_m.to(tl.int64) * stride_xm + offs_w * 8
+        if BLOCK_M == 1:
+            x_ptrs = x_ptr + pid_m.to(tl.int64) * stride_xm + words * 8
+        else:
+            x_ptrs = x_ptr + rows_m[:, None, None] * stride_xm + (words * 8)[None, :, :]
+    else:
+        x_ptrs = x_ptr + rows_m[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
 
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if PATH == 2:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_tiles = K // BLOCK_K
     first_tile = pid_k * TILES_PER_SPLIT
     last_tile = tl.minimum(first_tile + TILES_PER_SPLIT, k_tiles)
     for t in range(first_tile, last_tile):
-        g = t // TILES_PER_GROUP
-        packed = tl.load(w_ptrs + t * (BLOCK_K // 8))
+        g = (t // TILES_PER_GROUP) * GT  # the tile's first group
+        packed = tl.load(w_ptrs + t * (BLOCK_K // 8))  # [BLOCK_N, GT, WPS]
+        s = tl.load(s_ptrs + g)  # [BLOCK_N, GT]
         if HAS_ZEROS:
             z = (tl.load(z_ptrs + g) >> z_shift) & 0xF
-            offset = (z * 16).to(tl.float32)[:, None] + 8388608.0
+        if PATH == 0:
+            if HAS_ZEROS:
+                offset = (z * 16).to(tl.float32)[:, :, None] + 8388608.0
+            else:
+                offset = tl.full([BLOCK_N, GT, 1], 8388736.0, tl.float32)  # 2^23 + 16 * 8: symmetric z = 8
+            # The nibbles carry a factor 16 (`_nibble_x16`); s / 16 is exact and removes it.
+            sc = s.to(tl.float32) * 0.0625
+            x_tile = x_ptrs + t * BLOCK_K
+            if BLOCK_M == 1:
+                # One FMA per weight across the eight planes; one sum per group and tile, scaled once.
+                part = (_nibble_x16(packed, 0) - offset) * tl.load(x_tile).to(tl.float32)[None, :, :]
+                for p in tl.static_range(1, 8):
+                    part += (_nibble_x16(packed, p) - offset) * tl.load(x_tile + p).to(tl.float32)[None, :, :]
+                acc += tl.sum(tl.sum(part, axis=2) * sc, axis=1)[None, :]
+            else:
+                # Each plane's (q - z) is computed once and multiplies every row of x.
+                offset = offset[None, :, :, :]
+                part = (_nibble_x16(packed, 0) - offset) * tl.load(x_tile).to(tl.float32)[:, None, :, :]
+                for p in tl.static_range(1, 8):
+                    part += (_nibble_x16(packed, p) - offset) * tl.load(x_tile + p).to(tl.float32)[:, None, :, :]
+                acc += tl.sum(tl.sum(part, axis=3) * sc[None, :, :], axis=2)
         else:
-            offset = tl.full([BLOCK_N, 1], 8388736.0, tl.float32)  # 2^23 + 16 * 8: symmetric z = 8
-        # The nibbles carry a factor 16 (`_nibble_x16`); s / 16 is exact and removes it.
-        s = tl.load(s_ptrs + g).to(tl.float32) * 0.0625
-        if USE_DOT:
+            if DQ_HALF:
+                if XT == tl.bfloat16:
+                    magic = 128.0
+                else:
+                    magic = 1024.0
+                if HAS_ZEROS:
+                    off = z.to(tl.float32) + magic
+                else:
+                    off = tl.full([BLOCK_N, GT], 8.0 + magic, tl.float32)
+                if DOT_IN_FP32:
+                    off = off[:, :, None]
+                    sc = s.to(tl.float32)[:, :, None]
+                else:
+                    off = off.to(XT)[:, :, None]
+                    sc = s[:, :, None]
+            else:
+                if HAS_ZEROS:
+                    off = (z * 16).to(tl.float32)[:, :, None] + 8388608.0
+                else:
+                    off = tl.full([BLOCK_N, GT, 1], 8388736.0, tl.float32)
+                sc = (s.to(tl.float32) * 0.0625)[:, :, None]
             # Interleaving the planes this way puts nibble P of word j at column 8j + P.
             w = tl.interleave(
-                tl.interleave(tl.interleave(_nibble_x16(packed, 0), _nibble_x16(packed, 4)),
-                              tl.interleave(_nibble_x16(packed, 2), _nibble_x16(packed, 6))),
-                tl.interleave(tl.interleave(_nibble_x16(packed, 1), _nibble_x16(packed, 5)),
-                              tl.interleave(_nibble_x16(packed, 3), _nibble_x16(packed, 7))))
-            w = (w - offset) * s[:, None]
+                tl.interleave(
+                    tl.interleave(_dequant_plane(packed, 0, off, sc, XT, DQ_HALF, DOT_IN_FP32),
+                                  _dequant_plane(packed, 4, off, sc, XT, DQ_HALF, DOT_IN_FP32)),
+                    tl.interleave(_dequant_plane(packed, 2, off, sc, XT, DQ_HALF, DOT_IN_FP32),
+                                  _dequant_plane(packed, 6, off, sc, XT, DQ_HALF, DOT_IN_FP32))),
+                tl.interleave(
+                    tl.interleave(_dequant_plane(packed, 1, off, sc, XT, DQ_HALF, DOT_IN_FP32),
+                                  _dequant_plane(packed, 5, off, sc, XT, DQ_HALF, DOT_IN_FP32)),
+                    tl.interleave(_dequant_plane(packed, 3, off, sc, XT, DQ_HALF, DOT_IN_FP32),
+                                  _dequant_plane(packed, 7, off, sc, XT, DQ_HALF, DOT_IN_FP32))))
+            w = tl.reshape(w, [BLOCK_N, BLOCK_K])
             x = tl.load(x_ptrs + t * BLOCK_K)
             if DOT_IN_FP32:
-                acc = tl.dot(x.to(tl.float32), tl.trans(_round_to_bf16(w).to(tl.float32)), acc)
+                x = x.to(tl.float32)
+            if PATH == 2:
+                acc = tl.dot(w, tl.trans(x), acc)
             else:
-                acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-        else:
-            # One FMA per weight across the eight planes; one sum over the words per tile.
-            x_tile = x_ptrs + t * BLOCK_K
-            part = (_nibble_x16(packed, 0) - offset) * tl.load(x_tile).to(tl.float32)[None, :]
-            for p in tl.static_range(1, 8):
-                part += (_nibble_x16(packed, p) - offset) * tl.load(x_tile + p).to(tl.float32)[None, :]
-            acc += (tl.sum(part, axis=1) * s)[None, :]
+                acc = tl.dot(x, tl.trans(w), acc)
+    if PATH == 2:
+        acc = tl.trans(acc)
 
     out_rows = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -201,6 +309,16 @@ def _split_k_reduce_kernel(
 
 # Whether @triton.jit built interpreter functions (TRITON_INTERPRET=1 when this module was imported).
 UNDER_INTERPRETER = isinstance(_w4a16_kernel, InterpretedFunction)
+
+
+def kernel_constexprs(config: TileConfig, group: int, partials: bool, has_zeros: bool, has_bias: bool,
+                      dot_in_fp32: bool) -> dict:
+    """The meta-parameters `_w4a16_kernel` is compiled for: everything a TileConfig decides, as
+    data (also what the ahead-of-time compile test and the H200 bench pass)."""
+    return dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                GROUPS_PER_TILE=max(1, config.block_k // group), PATH=config.path_code,
+                DQ_HALF=config.dq_half, WRITE_PARTIALS=partials, HAS_ZEROS=has_zeros, HAS_BIAS=has_bias,
+                DOT_IN_FP32=dot_in_fp32, GROUP_M=GROUP_M)
 
 
 def device_name(device: torch.device) -> str:
@@ -239,10 +357,9 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     _w4a16_kernel[grid](
         x, qweight.view(torch.int32), scales, scales if zeros is None else zeros.view(torch.int32),
         out if bias is None else bias, target,
-        p.m, p.n, p.k, x.stride(0), p.k // 8, p.k // p.group, p.group // config.block_k, tiles_per_split,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, WRITE_PARTIALS=split > 1,
-        USE_DOT=config.use_dot, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
-        DOT_IN_FP32=UNDER_INTERPRETER and x.dtype == torch.bfloat16, GROUP_M=GROUP_M,
+        p.m, p.n, p.k, x.stride(0), p.k // 8, p.k // p.group, max(1, p.group // config.block_k), tiles_per_split,
+        **kernel_constexprs(config, p.group, split > 1, zeros is not None, bias is not None,
+                            UNDER_INTERPRETER and x.dtype == torch.bfloat16),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split > 1:

@@ -29,6 +29,7 @@ from optimized.tile_configs import (
     TABLES,
     TileConfig,
     check_config,
+    fit_config,
     no_straddle,
     select_config,
     table_for,
@@ -187,6 +188,59 @@ def test_gpu_table_configs_compute_correctly(table_name, m):
     assert v.passed, f"{cfg.id}: {v.summary()}"
 
 
+# Every kernel path and dequant route through config overrides, with K-tiles of several groups
+# (K = 512, G = 32 / 64 against block_k 256 / 512) and inside one group (block_k 128 at G = 128).
+PATH_CONFIGS = (
+    TileConfig(1, 64, 256, split_k=2),
+    TileConfig(4, 32, 256, split_k=2, path="gemv"),
+    TileConfig(2, 32, 512, path="gemv"),
+    TileConfig(16, 64, 256, split_k=2),
+    TileConfig(16, 64, 256, split_k=2, dequant="half"),
+    TileConfig(16, 64, 512, path="dot_swap"),
+    TileConfig(16, 64, 128, split_k=2, path="dot_swap", dequant="half"),
+    TileConfig(64, 64, 256, path="dot_swap", dequant="half"),
+)
+PATH_PROBLEMS = (  # (dtype, group, symmetric, bias, M)
+    (torch.bfloat16, 32, False, True, 5),
+    (torch.float16, 64, True, False, 18),
+    (torch.bfloat16, 128, True, True, 3),
+)
+
+
+@pytest.mark.parametrize("cfg", PATH_CONFIGS, ids=lambda c: c.id)
+@pytest.mark.parametrize("dtype, group, symmetric, bias, m", PATH_PROBLEMS,
+                         ids=lambda v: str(v).removeprefix("torch."))
+def test_paths_match_reference(cfg, dtype, group, symmetric, bias, m):
+    k, n = 512, 72
+    fitted = fit_config(cfg, n, k, group, target_programs=4)
+    assert fitted.kernel_path == cfg.kernel_path and fitted.dequant == cfg.dequant
+    w, kw, x, b = make_inputs(k, n, m, group, symmetric, dtype, bias, m == 5, seed=k + m + group)
+    out = run_kernel(kw, x, b, config=fitted)
+    v = judge(out, reference_matmul(x, w, b), dequant_dtype=dtype, dequant_roundings=1,
+              baseline=plain_torch_matmul(x, w, b))
+    assert v.passed, f"{fitted.id}: {v.summary()}"
+    assert v.hard_violations == 0, v.summary()
+    assert torch.equal(out, run_kernel(kw, x, b, config=fitted)), "not deterministic"
+
+
+@pytest.mark.parametrize("cfg, dtype, group, symmetric", (
+    (TileConfig(16, 64, 256, split_k=2, path="dot_swap", dequant="half"), torch.bfloat16, 64, False),
+    (TileConfig(16, 64, 256, split_k=2, dequant="half"), torch.float16, 32, False),
+    (TileConfig(4, 64, 256, path="gemv"), torch.float16, 128, True),
+), ids=("swap-half-bf16", "dot-half-fp16", "gemv4-fp16"))
+def test_paths_exact_probes(cfg, dtype, group, symmetric):
+    """The exact probes through the new paths: multi-group tiles and the half dequant."""
+    k, n = 256, 72
+    fitted = fit_config(cfg, n, k, group, target_programs=4)
+    g = torch.Generator().manual_seed(7)
+    pw = probe_weight(n, k, group, symmetric, dtype, g)
+    kw = to_kernel_layout(pw, dtype)
+    b = (0.5 * torch.randn(n, generator=g)).to(dtype)
+    r = run_probes(lambda x, bb: run_kernel(kw, x, bb, config=fitted), pw, dtype, bias=b,
+                   max_m=cfg.block_m if cfg.block_m > 1 else 1, generator=g)
+    assert r.passed, r.summary()
+
+
 class _NoLaunch:
     def __getitem__(self, grid):
         raise AssertionError("a kernel was launched before the arguments were rejected")
@@ -234,9 +288,41 @@ def test_contract_violation_raises_before_launch(monkeypatch, mutate, message):
 
 
 def test_straddling_config_override_rejected_before_launch(monkeypatch):
+    """K = 384 with G = 128: 256-wide K-tiles would cover a group and a half."""
     monkeypatch.setattr(triton_w4a16, "_w4a16_kernel", _NoLaunch())
+    _, kw, x, b = make_inputs(384, 72, 3, 128, False, torch.float16, True, False, seed=0)
     with pytest.raises(ValueError, match="straddles"):
-        w4a16_matmul(*_valid_args(), config=TileConfig(16, 64, 128))
+        w4a16_matmul(x, kw.qweight, kw.scales, kw.zeros, 128, b, config=TileConfig(16, 64, 256))
+
+
+@pytest.mark.parametrize("block_k, k, group, ok", (
+    (64, 512, 128, True), (128, 512, 128, True),     # inside one group
+    (256, 512, 128, True), (512, 512, 32, True),     # whole groups
+    (256, 384, 128, False),                          # one and a half groups at the end of K
+    (1024, 512, 128, False),                         # wider than K
+    (96, 384, 96, False),                            # not a power of two
+    (8, 200, 200, True), (16, 200, 200, False),      # channelwise K = 200: 16 straddles nothing but leaves 8
+    (128, 256, 64, True), (64, 300, 64, False),      # K not a multiple of G
+))
+def test_no_straddle_rule(block_k, k, group, ok):
+    assert no_straddle(block_k, k, group) is ok
+
+
+@pytest.mark.parametrize("block_k, k, group, fitted", (
+    (256, 4096, 128, 256), (512, 9856, 128, 128), (256, 128, 128, 128), (256, 4096, 4096, 256),
+    (128, 200, 200, 8), (512, 14336, 14336, 512), (64, 1024, 32, 64),
+))
+def test_fit_block_k_keeps_the_widest_valid_tile(block_k, k, group, fitted):
+    cfg = fit_config(TileConfig(1, 64, block_k, split_k=4), 4096, k, group, target_programs=64)
+    assert cfg.block_k == fitted
+    check_config(cfg, k, group)
+
+
+def test_split_below_turns_split_k_off():
+    cfg = TileConfig(1, 64, 256, split_k=8)
+    assert fit_config(cfg, 64 * 300, 8192, 128, 528, split_below=264).split_k == 1
+    assert fit_config(cfg, 64 * 100, 8192, 128, 528, split_below=264).split_k == 6
+    assert fit_config(cfg, 64 * 300, 8192, 128, 528).split_k == 2
 
 
 @pytest.mark.parametrize("table", TABLES, ids=lambda t: t.name)
@@ -261,48 +347,89 @@ def test_tables_never_straddle_a_group(table):
             assert cfg == bucket_cfg, f"{shape.id} G{group} M{m}: {cfg.id} differs within its bucket"
 
 
-def aot_compile_tables(target: str) -> None:
+def bench_module():
+    """bench/triton_h200.py as a module (its candidate lists)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "triton_h200.py"
+    spec = importlib.util.spec_from_file_location("triton_h200_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Hopper's shared memory per block (227 KiB).
+SM90_SHARED_BYTES = 232448
+
+
+def sm90_resources(cubin: bytes) -> dict:
+    """Registers and stack (spill) bytes per thread from the cubin, by the cuobjdump Triton ships."""
+    import re
+    import tempfile
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    return {"regs": int(found.group(1)), "stack": int(found.group(2))} if found else {}
+
+
+def aot_compile_tables(target: str, which: str = "tables") -> None:
     """Compile every config of the table for `target` ("cuda:90:32" or "hip:gfx942:64") ahead of
-    time, no device needed, and exit non-zero listing the failures. Runs in a subprocess: the
-    interpreter must be off when the kernels are defined."""
+    time, no device needed, and exit non-zero listing the failures. which="variants": instead the
+    H200 bench's candidate configs (bf16, G = 128, as the bench times them), each also failing on
+    register spills or more shared memory than sm_90 has; prints registers per config. Runs in a
+    subprocess: the interpreter must be off when the kernels are defined."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     backend, arch, warp = target.split(":")
     gpu = GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))
-    table = HOPPER if backend == "cuda" else GENERIC
+    if which == "variants":
+        configs = [cfg for cfgs in bench_module().VARIANT_CANDIDATES.values() for cfg in cfgs]
+        dtypes, group, bias = ("bf16",), 128, False
+    else:
+        configs = [cfg for _, cfg in (HOPPER if backend == "cuda" else GENERIC).buckets]
+        dtypes, group, bias = ("fp16", "bf16"), 128, True
     ints = {"M", "N", "K", "stride_xm", "stride_qn", "stride_gn", "TILES_PER_GROUP", "TILES_PER_SPLIT", "splits"}
     failures = []
-    for (_, cfg), dtype in product(table.buckets, ("fp16", "bf16")):
-        partials = cfg.split_k > 1
-        kernels = [(triton_w4a16._w4a16_kernel, dict(
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, WRITE_PARTIALS=partials,
-            USE_DOT=cfg.use_dot, HAS_ZEROS=True, HAS_BIAS=True, DOT_IN_FP32=False, GROUP_M=triton_w4a16.GROUP_M))]
-        if partials:
-            kernels.append((triton_w4a16._split_k_reduce_kernel,
-                            dict(HAS_BIAS=True, BLOCK=triton_w4a16.REDUCE_BLOCK)))
-        for fn, constexprs in kernels:
-            pointers = {"qweight_ptr": "*i32", "zeros_ptr": "*i32", "workspace_ptr": "*fp32",
-                        "out_ptr": "*fp32" if partials and fn is triton_w4a16._w4a16_kernel else f"*{dtype}"}
-            sig = {a: "constexpr" if a in constexprs else "i32" if a in ints else pointers.get(a, f"*{dtype}")
-                   for a in fn.arg_names}
-            # What a launch on real shapes specializes: aligned pointers, N, K and strides % 16 == 0.
-            aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-                       if sig[a].startswith("*") or a in ("N", "K", "stride_xm", "stride_qn", "stride_gn")}
-            try:
-                triton.compile(ASTSource(fn, sig, constexprs, aligned), target=gpu,
-                               options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-            except Exception as e:  # every failure is reported, not just the first
-                failures.append(f"{fn.__name__} {cfg.id} {dtype}: {type(e).__name__}: {str(e)[:500]}")
+    for cfg, dtype in product(configs, dtypes):
+        for partials in sorted({False, cfg.split_k > 1}):
+            kernels = [(triton_w4a16._w4a16_kernel,
+                        triton_w4a16.kernel_constexprs(cfg, group, partials, True, bias, False))]
+            if partials:
+                kernels.append((triton_w4a16._split_k_reduce_kernel,
+                                dict(HAS_BIAS=bias, BLOCK=triton_w4a16.REDUCE_BLOCK)))
+            for fn, constexprs in kernels:
+                pointers = {"qweight_ptr": "*i32", "zeros_ptr": "*i32", "workspace_ptr": "*fp32",
+                            "out_ptr": "*fp32" if partials and fn is triton_w4a16._w4a16_kernel else f"*{dtype}"}
+                sig = {a: "constexpr" if a in constexprs else "i32" if a in ints else pointers.get(a, f"*{dtype}")
+                       for a in fn.arg_names}
+                # What a launch on real shapes specializes: aligned pointers, N, K and strides % 16 == 0.
+                aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                           if sig[a].startswith("*") or a in ("N", "K", "stride_xm", "stride_qn", "stride_gn")}
+                name = f"{fn.__name__} {cfg.id} {dtype}{' partials' if partials else ''}"
+                try:
+                    compiled = triton.compile(ASTSource(fn, sig, constexprs, aligned), target=gpu,
+                                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+                except Exception as e:  # every failure is reported, not just the first
+                    failures.append(f"{name}: {type(e).__name__}: {str(e)[:500]}")
+                    continue
+                if which == "variants" and fn is triton_w4a16._w4a16_kernel:
+                    res = sm90_resources(compiled.asm["cubin"]) if backend == "cuda" else {}
+                    print(f"{name}: {res} shared={compiled.metadata.shared}", flush=True)
+                    if res.get("stack") or compiled.metadata.shared > SM90_SHARED_BYTES:
+                        failures.append(f"{name}: spills or too much shared memory: {res} "
+                                        f"shared={compiled.metadata.shared}")
     if failures:
         sys.exit("\n".join(failures))
 
 
-@pytest.mark.parametrize("target, backend", (("cuda:90:32", "nvidia"), ("hip:gfx942:64", "amd")),
-                         ids=("sm90", "gfx942"))
-def test_gpu_tables_compile_for_real_targets(target, backend):
-    """The kernels as a GPU compiles them (layouts, tl.dot shapes, register allocation): Hopper
-    and CDNA3 code for every table config, built on this CPU-only machine."""
+def _compile_in_subprocess(target: str, backend: str, which: str):
     if backend not in triton.backends.backends:
         reason = f"this triton build has no {backend} backend"
         if os.environ.get("W4A16_REQUIRE_COMPILERS") == "1":
@@ -310,9 +437,25 @@ def test_gpu_tables_compile_for_real_targets(target, backend):
         pytest.skip(reason)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", f"from tests.test_triton_kernel import aot_compile_tables as f; "
-                          f"f({target!r})"], cwd=Path(__file__).resolve().parents[1], env=env,
+                          f"f({target!r}, {which!r})"], cwd=Path(__file__).resolve().parents[1], env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
+    return run
+
+
+@pytest.mark.parametrize("target, backend", (("cuda:90:32", "nvidia"), ("hip:gfx942:64", "amd")),
+                         ids=("sm90", "gfx942"))
+def test_gpu_tables_compile_for_real_targets(target, backend):
+    """The kernels as a GPU compiles them (layouts, tl.dot shapes, register allocation): Hopper
+    and CDNA3 code for every table config, built on this CPU-only machine."""
+    _compile_in_subprocess(target, backend, "tables")
+
+
+def test_h200_variant_candidates_compile_for_sm90():
+    """Every candidate the H200 bench's variants section times compiles for sm_90 without
+    register spills and within Hopper's shared memory (registers are printed)."""
+    run = _compile_in_subprocess("cuda:90:32", "nvidia", "variants")
+    print(run.stdout)
 
 
 def test_h200_bench_dry_run(tmp_path):
@@ -326,3 +469,19 @@ def test_h200_bench_dry_run(tmp_path):
     assert plan["parity_cells"] == len(unique_shapes()) * len(DECODE_BATCHES + PREFILL_BATCHES) * 4
     assert all(c["floor_us"] > 0 for c in plan["timing"])
     assert (tmp_path / "triton_h200.md").read_text().startswith("# Triton W4A16 kernel")
+
+
+def test_h200_bench_variants_dry_run(tmp_path):
+    """`--sections variants --dry-run`: every candidate fitted and valid on every timed shape, a few
+    candidates through the child-process check under the interpreter, the report from made-up
+    timings."""
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "bench" / "triton_h200.py"), "--sections", "variants",
+                          "--dry-run", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads((tmp_path / "triton_variants.json").read_text())
+    bench = bench_module()
+    assert result["plan"]["candidates"] == sum(len(c) for c in bench.VARIANT_CANDIDATES.values())
+    assert len(result["checks"]) == len(bench.DRY_CANDIDATES)
+    assert all(c["passed"] for c in result["checks"]), result["checks"]
+    assert "Best per M" in (tmp_path / "triton_variants.md").read_text()
