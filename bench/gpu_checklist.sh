@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The whole GPU checklist in one call: parity, compute-sanitizer, benchmarks.
-#   bash bench/gpu_checklist.sh                 # everything, results in bench/results/h200/
+#   bash bench/gpu_checklist.sh                 # the default parts, results in bench/results/h200/
 #   PARTS="skinny triton" OUT=/tmp/x bash bench/gpu_checklist.sh
-# Parts: skinny (build, opcheck, decode parity, timing), skinny-sanitize (memcheck on boundary
-# shapes), triton (full parity matrix, timing vs peers, tile sweep), triton-sanitize.
+# Parts (default: all but the two *-variants): skinny (build, opcheck, decode parity, timing),
+# skinny-sanitize (memcheck on boundary shapes), triton (full parity matrix, then timing against
+# the peers for the rest of TRITON_BUDGET_S), triton-sanitize, skinny-variants and
+# triton-variants (compare kernel variants / tile candidates, for retuning).
 # gemlite is a peer only when importable: carry its wheel in .whl/ (see bench/README.md).
 set -uo pipefail
 out=${OUT:-bench/results/h200}
@@ -12,8 +14,8 @@ export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$out/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 status=0
 for part in ${PARTS:-skinny skinny-sanitize triton triton-sanitize}; do
   echo "=== $part ($(date +%T))"
@@ -21,7 +23,9 @@ for part in ${PARTS:-skinny skinny-sanitize triton triton-sanitize}; do
     skinny) python3 bench/skinny_h200.py --out "$out" ;;
     skinny-sanitize) compute-sanitizer --tool memcheck --error-exitcode 3 python3 bench/skinny_h200.py --sanitize \
                        --out "$out" > "$out/skinny_sanitize.log" 2>&1; tail -5 "$out/skinny_sanitize.log" ;;
-    triton) python3 bench/triton_h200.py --out "$out" ;;
+    triton) python3 bench/triton_h200.py --out "$out" --sections parity,timing --budget-s "${TRITON_BUDGET_S:-450}" ;;
+    skinny-variants) python3 bench/skinny_h200.py --variants --out "$out" ;;
+    triton-variants) python3 bench/triton_h200.py --sections variants --out "$out" ;;
     triton-sanitize) compute-sanitizer --tool memcheck --error-exitcode 3 python3 bench/triton_h200.py --sanitize \
                        --out "$out" > "$out/triton_sanitize.log" 2>&1; tail -5 "$out/triton_sanitize.log" ;;
     *) echo "unknown part $part"; false ;;

@@ -19,8 +19,8 @@ not branches in the wrapper.
 The result depends on M only through its bucket, so every M in one bucket runs the same tile
 shapes and reduction order (see the batch-invariance note in `triton_w4a16`).
 
-The H200 table is a starting point for Hopper; `bench/triton_h200.py --sections variants` times
-candidates for every bucket on the H200 and prints the best per M.
+The H200 table comes from `bench/triton_h200.py --sections variants`, which times candidates for
+every bucket on the H200 and prints the best per M.
 """
 
 from __future__ import annotations
@@ -100,18 +100,21 @@ class TileTable:
 
 T = TileConfig
 
-# Hopper (132 SMs on H200 and H100 SXM). M = 1 is a GEMV on the CUDA cores; M = 2..16 pads to a
-# 16-row tensor-core tile, whose MMA work is free next to the weight traffic. Decode is
-# bandwidth-bound: the widest K-tile a group allows, deep pipelining, and split-K up to about
-# four programs per SM. Large M uses wgmma-sized tiles without split-K.
+# Hopper (132 SMs on H200 and H100 SXM). The M = 1, 2..16 and > 256 buckets are the winners of the
+# H200 sweep in bench/results/h200/triton_variants.md (geometric mean of % of the HBM or compute
+# floor over four Llama shapes): a GEMV over four-group K-tiles at M = 1 (36%, against 33% for the
+# one-group tile); at M = 2..16 a 16-row tensor-core tile with the weight as the A operand
+# (wgmma straight from registers) and half-precision dequant (24% at M = 4 and 16, against 22-23%);
+# for prefill 256x128 tiles, swapped, half dequant (48% of the dense rate, against 42%). The
+# 17..256 buckets were not swept.
 HOPPER = TileTable("hopper", target_programs=4 * 132, buckets=(
-    (1, T(1, 128, 128, split_k=8, num_warps=4, num_stages=3)),
-    (16, T(16, 64, 128, split_k=8, num_warps=4, num_stages=4)),
+    (1, T(1, 64, 512, split_k=8, num_warps=4, num_stages=1)),
+    (16, T(16, 128, 128, split_k=8, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
     (32, T(32, 64, 128, split_k=4, num_warps=4, num_stages=4)),
     (64, T(64, 64, 128, split_k=2, num_warps=4, num_stages=3)),
     (128, T(64, 128, 64, num_warps=4, num_stages=4)),
     (256, T(128, 128, 64, num_warps=8, num_stages=3)),
-    (None, T(128, 128, 64, num_warps=8, num_stages=4)),
+    (None, T(256, 128, 64, num_warps=8, num_stages=3, path="dot_swap", dequant="half")),
 ))
 
 # Other CUDA GPUs and ROCm: the same structure with shallower pipelines (less shared memory on
