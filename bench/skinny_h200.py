@@ -3,7 +3,7 @@
     python bench/skinny_h200.py --out DIR          # build, opcheck, parity matrix, timing (< ~6 min)
     compute-sanitizer --tool memcheck python bench/skinny_h200.py --sanitize
     python bench/skinny_h200.py --dry-run --out DIR   # CPU: the pure-Python parts, a stand-in kernel
-    python bench/skinny_h200.py --variants --out DIR  # every kernel variant: quick parity, then timing (< 4 min)
+    python bench/skinny_h200.py --variants --out DIR  # both kernels and the default: parity, timing (< 4 min)
     python bench/skinny_h200.py --variants --dry-run --out DIR
 
 Parity: oracle.shapes.unique_shapes() x M in {1..8, 16} x fp16/bf16 x sym/asym at G=128, and a
@@ -13,10 +13,11 @@ Timing (DESIGN.md section 5): cold weights (rotating copies over 500 MiB), a CUD
 calls each on its own copy, per call = replay / R, median of replays; floor = bytes / measured
 copy bandwidth. Writes DIR/skinny_h200.json and DIR/skinny_h200.md.
 
---variants compares optimized.skinny.VARIANTS in one run (see run_variants): a quick parity check
-of each (6 weights, M in {1, 5, 16}, exact probes on one), then the same cold-weight graph timing
-on 5 large shapes at M in {1, 2, 4, 5, 8, 9, 16}; prints a compact table last and writes
-DIR/skinny_variants.json.
+--variants compares the kernels of optimized.skinny.VARIANTS in one run (see run_variants): a
+quick parity check of each and of the default policy (6 weights, M in {1, 5, 9, 16}, exact probes
+on one), then the same cold-weight graph timing on 5 large shapes at M in {1, 2, 4, 5, 8, 9, 16};
+prints a compact table last (with the kernel the default policy picks, skinny.default_variant)
+and writes DIR/skinny_variants.json.
 """
 
 from __future__ import annotations
@@ -383,15 +384,16 @@ def run_sanitize(device: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Variants: every kernel variant in one run (--variants)
+# Variants: both kernels in one run (--variants)
 
-# Parity: the pipelined kernel with rings that wrap (K = 16384 at 8 warps per row: 16 iterations
+# Parity: the pipelined kernel with a ring that wraps (K = 16384 at 8 warps per row: 16 iterations
 # a warp), partial row tiles (N % 16 = 8), N = 8, G = 32 on the pipelined path, a K tail (the base
 # kernel's fallback), and exact probes on a small weight (the simt engine probes one row at a time).
+# M = 5 and 9 lie each side of the default's switch (skinny.REGS_MAX_M).
 VARIANT_MID = LinearShape("variants", "mid", 16384, 1032)
 VARIANT_G32 = LinearShape("variants", "g32", 2048, 264)
 VARIANT_PROBE = LinearShape("variants", "probe", 512, 256)
-VARIANT_PARITY_M = (1, 5, 16)
+VARIANT_PARITY_M = (1, 5, 9, 16)
 # Timing: the decode shapes of Llama-3.1-8B / 3.3-70B class models, fp16 sym and bf16 asym.
 VARIANT_SHAPES = ((4096, 28672), (8192, 57344), (28672, 8192), (14336, 4096), (8192, 10240))
 VARIANT_M = (1, 2, 4, 5, 8, 9, 16)
@@ -399,6 +401,7 @@ VARIANT_COLD_BYTES = 1 << 30  # weight copies rotated per graph
 VARIANT_MIN_COPIES = 4
 VARIANT_REPLAYS = 15
 VARIANT_BUDGET_S = 215  # timing cells past this many seconds since start are skipped (recorded)
+NOISE_VARIANT = 0  # timed twice per (case, M)
 
 
 def variant_parity_cases() -> list[ParityCase]:
@@ -417,18 +420,18 @@ def variant_timing_cases() -> list[TimingCase]:
     return [TimingCase(k, n, dtype, sym) for k, n in VARIANT_SHAPES for dtype, sym in (("fp16", True), ("bf16", False))]
 
 
-def simt_timed_variants() -> list[int]:
-    """Variants whose simt engine differs (split8 and scale-after change nothing at M = 1 there)."""
-    return [v for v, name in enumerate(skinny.VARIANTS) if not name.endswith(("_split8", "_sa"))]
+def variant_label(v: int) -> str:
+    return "default" if v == skinny.DEFAULT_VARIANT else skinny.VARIANTS[v]
 
 
 def run_variant_parity(kernel: KernelFn, device: str, cases: list[ParityCase] | None = None) -> list[dict]:
-    """Every variant with the mma engine at VARIANT_PARITY_M, and with the simt engine at M = 1
-    (its pipelined instances exist for M = 1 only)."""
+    """Each kernel and the default policy (variant -1) with the mma engine at VARIANT_PARITY_M,
+    and with the simt engine at M = 1 (its pipelined instances exist for M = 1 only)."""
     cases = variant_parity_cases() if cases is None else cases
     simt_cases = [dataclasses.replace(c, ms=(1,)) for c in cases]
     rows = []
-    for v, name in enumerate(skinny.VARIANTS):
+    for v in [*range(len(skinny.VARIANTS)), skinny.DEFAULT_VARIANT]:
+        name = variant_label(v)
         t0 = time.perf_counter()
         fn = functools.partial(kernel, variant=v)
         tag = {"variant": v, "variant_name": name}
@@ -446,8 +449,8 @@ def failed_variants(parity: list[dict]) -> set[tuple[int, str]]:
 
 def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set[tuple[int, str]],
                        cases: list[TimingCase] | None = None, ms=VARIANT_M) -> list[dict]:
-    """Cold-weight graph timing of every variant (mma; simt at M = 1) on the same weights and x,
-    variants interleaved per (case, M), with the base variant timed again last as a noise check.
+    """Cold-weight graph timing of each kernel (mma; simt at M = 1) on the same weights and x,
+    kernels interleaved per (case, M), with the base kernel timed again last as a noise check.
     A variant that failed parity on an engine is not timed on it (an illegal access would poison
     the context for every later cell)."""
     rows = []
@@ -477,10 +480,10 @@ def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set
             floor_s = floor_bytes(m, k, n, g, case.symmetric) / bandwidth
             order = [(v, "mma") for v in range(len(skinny.VARIANTS))]
             if m == 1:
-                order += [(v, "simt") for v in simt_timed_variants()]
+                order += [(v, "simt") for v in range(len(skinny.VARIANTS))]
             if mi % 2:
                 order.reverse()
-            order.append((skinny.DEFAULT_VARIANT, "mma"))  # again: the run-to-run spread
+            order.append((NOISE_VARIANT, "mma"))  # again: the run-to-run spread
             for j, (v, engine) in enumerate(order):
                 row = {"case": case.id, "k": k, "n": n, "dtype": case.dtype, "symmetric": case.symmetric, "m": m,
                        "variant": v, "variant_name": skinny.VARIANTS[v], "engine": engine,
@@ -513,18 +516,21 @@ def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set
 
 
 def variant_summary(timing: list[dict]) -> dict:
-    """Per variant (mma): the worst M = 1 % of floor over cases whose floor is >= 7 us, and the
-    worst t(M = 16) / t(M = 1) over cases (the targets: >= 90% and <= 1.15)."""
+    """Per kernel (mma), and for the default policy (each (case, M) from the kernel
+    skinny.default_variant picks): the worst M = 1 % of floor over cases whose floor is >= 7 us,
+    and the worst t(M = 16) / t(M = 1) over cases (the targets: >= 90% and <= 1.15)."""
     by = {}
     for r in timing:
         if "us" in r and r.get("engine") == "mma" and not r.get("repeat"):
             by.setdefault(r["variant"], {})[(r["case"], r["m"])] = r
+            if r["variant"] == skinny.default_variant(r["m"]):
+                by.setdefault(skinny.DEFAULT_VARIANT, {})[(r["case"], r["m"])] = r
     out = {}
-    for v, cells in sorted(by.items()):
+    for v, cells in sorted(by.items(), key=lambda item: (item[0] < 0, item[0])):
         m1 = [c["pct_floor"] for (case, m), c in cells.items() if m == 1 and c["floor_us"] >= 7]
         ratios = [cells[(case, 16)]["us"] / c["us"] for (case, m), c in cells.items() if m == 1 and (case, 16) in cells]
         pcts = [c["pct_floor"] for c in cells.values()]
-        out[skinny.VARIANTS[v]] = {
+        out[variant_label(v)] = {
             "variant": v, "cells": len(cells),
             "min_m1_pct_floor": min(m1) if m1 else None,
             "max_m16_over_m1": max(ratios) if ratios else None,
@@ -542,11 +548,14 @@ def variant_summary(timing: list[dict]) -> dict:
 
 
 def variant_table(result: dict) -> str:
-    """The compact report printed last: per (case, M) each variant's us/% of floor (mma), the
-    simt engine at M = 1, the summary against the targets, and parity per variant (at the very
-    end, so that a clipped log keeps it)."""
+    """The compact report printed last: per (case, M) each kernel's us/% of floor (mma), the
+    fastest and the one the default picks, the simt engine at M = 1, the summary against the
+    targets, and parity per kernel and for the default (at the very end, so that a clipped log
+    keeps it)."""
     names = skinny.VARIANTS
-    lines = ["", "== variants: " + "  ".join(f"v{v}={name}" for v, name in enumerate(names))]
+    lines = ["", "== variants: " + "  ".join(f"v{v}={name}" for v, name in enumerate(names))
+             + f"; default (dflt): v{skinny.default_variant(1)} at M <= {skinny.REGS_MAX_M}, "
+             f"v{skinny.default_variant(skinny.MAX_M)} above"]
     if "bandwidth" in result:
         lines.append(f"copy bandwidth {result['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s; build "
                      f"{result.get('build_seconds', 0):.0f}s; total {result.get('seconds', 0):.0f}s")
@@ -566,7 +575,7 @@ def variant_table(result: dict) -> str:
 
     lines.append("mma: us/% of floor per variant (best = fastest); case f16s = fp16 sym, b16a = bf16 asym")
     lines.append(f"{'case':<20}{'M':>3}{'floor':>7} " + "".join(f"{'v' + str(v):>9}" for v in range(len(names)))
-                 + "  best noise%")
+                 + "  best dflt noise%")
     for case in cases:
         label = case.replace("-fp16-sym", " f16s").replace("-bf16-asym", " b16a").replace("-fp16-asym", " f16a") \
             .replace("-bf16-sym", " b16s")
@@ -578,10 +587,11 @@ def variant_table(result: dict) -> str:
             timed = [(r["us"], v) for v, r in enumerate(rs) if r is not None and "us" in r]
             best = f"v{min(timed)[1]}" if timed else "-"
             rep = [r for r in timing if r.get("case") == case and r.get("m") == m and r.get("repeat") and "us" in r]
-            first = cells.get((case, m, skinny.DEFAULT_VARIANT, "mma"))
+            first = cells.get((case, m, NOISE_VARIANT, "mma"))
             noise = f"{abs(rep[0]['us'] / first['us'] - 1) * 100:.1f}" if rep and first and "us" in first else "-"
-            lines.append(f"{label:<20}{m:>3}{floor:7.1f} " + "".join(cell(r) for r in rs) + f"  {best:>4} {noise:>5}")
-    simt = simt_timed_variants()
+            lines.append(f"{label:<20}{m:>3}{floor:7.1f} " + "".join(cell(r) for r in rs)
+                         + f"  {best:>4} {'v' + str(skinny.default_variant(m)):>4} {noise:>5}")
+    simt = range(len(names))
     lines.append("simt, M = 1: us/% of floor for " + " ".join(f"v{v}" for v in simt))
     for case in cases:
         rs = [cells.get((case, 1, v, "simt")) for v in simt]
@@ -592,17 +602,20 @@ def variant_table(result: dict) -> str:
         lines.append("targets: M=1 >= 90% of floor (cases with floor >= 7 us), t(M=16)/t(M=1) <= 1.15")
         for name, sm in summary["variants"].items():
             fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
-            lines.append(f"  v{sm['variant']} {name:<12} min M1 %floor {fmt(sm['min_m1_pct_floor'], '5.1f')}  "
+            tag = "dflt" if sm["variant"] == skinny.DEFAULT_VARIANT else f"v{sm['variant']}"
+            lines.append(f"  {tag:<4} {name:<12} min M1 %floor {fmt(sm['min_m1_pct_floor'], '5.1f')}  "
                          f"max t16/t1 {fmt(sm['max_m16_over_m1'], '5.2f')}  geomean %floor "
                          f"{fmt(sm['geomean_pct_floor'], '5.1f')}")
         sp = summary["repeat_spread_pct"]
         if sp["median"] is not None:
-            lines.append(f"  base timed twice per (case, M): spread median {sp['median']:.1f}%, max {sp['max']:.1f}%")
+            lines.append(f"  v{NOISE_VARIANT} timed twice per (case, M): spread median {sp['median']:.1f}%, "
+                         f"max {sp['max']:.1f}%")
     parity = result.get("parity", [])
-    for v, name in enumerate(names):
+    for v in [*range(len(names)), skinny.DEFAULT_VARIANT]:
         rows = [r for r in parity if r.get("variant") == v]
         bad = [r for r in rows if not r.get("passed")]
-        line = f"parity v{v} {name}: {len(rows) - len(bad)}/{len(rows)} passed"
+        tag = "dflt" if v == skinny.DEFAULT_VARIANT else f"v{v}"
+        line = f"parity {tag} {variant_label(v)}: {len(rows) - len(bad)}/{len(rows)} passed"
         if bad:
             r = bad[0]
             detail = r.get("error") or (r.get("summary") or "").splitlines()[0]
@@ -623,8 +636,8 @@ def run_variants(args: argparse.Namespace) -> int:
         # CPU: the case lists, the parity plumbing per variant (the oracle as a stand-in kernel on
         # small weights), and the report on made-up timings.
         cases = variant_parity_cases()
-        log(f"[dry-run] {len(skinny.VARIANTS)} variants; parity {len(cases)} weights "
-            f"({sum(len(c.ms) for c in cases)} mma cells + {len(cases)} simt cells per variant); timing "
+        log(f"[dry-run] {len(skinny.VARIANTS)} kernels and the default; parity {len(cases)} weights "
+            f"({sum(len(c.ms) for c in cases)} mma cells + {len(cases)} simt cells each); timing "
             f"{len(variant_timing_cases())} weights x M {VARIANT_M}")
         small = [ParityCase(LinearShape("dry", "tiny", 256, 64), "fp16", False, 128, (1, 5), True),
                  ParityCase(LinearShape("dry", "tail", 96, 16), "bf16", True, 32, (1, 16), False)]
@@ -637,8 +650,8 @@ def run_variants(args: argparse.Namespace) -> int:
             for m in VARIANT_M:
                 floor_us = floor_bytes(m, case.k, case.n, 128, case.symmetric) / 4.12e12 * 1e6
                 order = [(v, "mma") for v in range(len(skinny.VARIANTS))]
-                order += [(v, "simt") for v in simt_timed_variants()] if m == 1 else []
-                order.append((skinny.DEFAULT_VARIANT, "mma"))
+                order += [(v, "simt") for v in range(len(skinny.VARIANTS))] if m == 1 else []
+                order.append((NOISE_VARIANT, "mma"))
                 for j, (v, engine) in enumerate(order):
                     us = floor_us * (1.1 + float(torch.rand((), generator=gen)))
                     fake.append({"case": case.id, "k": case.k, "n": case.n, "dtype": case.dtype,
@@ -734,7 +747,7 @@ def main() -> int:
     parser.add_argument("--sanitize", action="store_true", help="boundary shapes once, for compute-sanitizer")
     parser.add_argument("--dry-run", action="store_true", help="CPU only: case lists, judging and report plumbing")
     parser.add_argument("--skip-timing", action="store_true")
-    parser.add_argument("--variants", action="store_true", help="compare every kernel variant (parity, timing)")
+    parser.add_argument("--variants", action="store_true", help="compare the kernels (parity, timing)")
     parser.add_argument("--budget-s", type=float, default=VARIANT_BUDGET_S,
                         help="--variants: skip timing cells past this many seconds from the start")
     args = parser.parse_args()

@@ -18,15 +18,22 @@ MAX_M = 16                   # rows of x per call (csrc/skinny_core.cuh kMaxM)
 GROUP_SIZES = (32, 64, 128)  # each lane's 32-k chunk must lie in one group
 ENGINES = ("auto", "mma", "simt")  # mma: CUDA tensor cores (sm_80+); simt: CUDA cores, the one HIP path
 ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
-# Kernel variants for benchmarking (csrc/skinny_core.cuh variant_spec, same order); -1 = the
-# default (DEFAULT_VARIANT). "base": each warp loads kUnroll iterations, waits, computes; the
-# others keep a ring of `s` iterations in flight per lane (regs: in registers; cp: cp.async into
-# shared memory), with `r4` = 4 rows per lane (else 2) and `sa` = scale applied to fp32 partial
-# sums (G = 128, mma). split8: choose_split aims at 8 blocks per SM for every M. The pipelined
-# kernel needs K % 128 == 0 and N >= 8 (else the base kernel runs); its simt engine exists for
-# M = 1 only (other M run the base kernel).
-VARIANTS = ("base", "base_split8", "regs_s4", "cp_s6", "cp_r4_s4", "cp_s6_sa", "cp_r4_s4_sa", "cp_s8")
-DEFAULT_VARIANT = 0
+# The kernels (csrc/skinny_core.cuh Variant, same order), for the op's `variant` argument:
+# "base": each warp loads kUnroll iterations, waits, computes; "regs_s4": a register ring keeps
+# 3 iterations' loads in flight per lane while the warp computes one (it needs K % 128 == 0 and
+# N >= 8, else the base kernel runs; its simt engine exists for M = 1 only, other M run base).
+VARIANTS = ("base", "regs_s4")
+# variant=-1 (the default) picks per call in the kernel's host dispatch: regs_s4 for M <=
+# REGS_MAX_M, base above (csrc/skinny_core.cuh kRegsMaxM, from the H200 comparison in
+# bench/results/h200/skinny_variants_log.txt). default_variant(m) mirrors it for reports.
+DEFAULT_VARIANT = -1
+REGS_MAX_M = 8
+
+
+def default_variant(m: int) -> int:
+    """The index into VARIANTS that variant=-1 runs at M = m."""
+    return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("base")
+
 
 OP = "w4a16::skinny_matmul"
 EXTENSION_NAME = "w4a16_skinny"
@@ -130,7 +137,7 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     M <= MAX_M; group_size in GROUP_SIZES, so K is a multiple of 32; x rows 16-byte aligned (a
     misaligned x is copied first). qweight may also be the same bytes as int8/uint8 [N, K/2].
     engine: "auto" (tensor cores where the device has them), "mma" or "simt" (the HIP path).
-    variant: an index into VARIANTS, for benchmarking; -1 runs the default.
+    variant: an index into VARIANTS, for benchmarking; -1 (the default) picks by M (default_variant).
     Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics).
     Raises ContractError before any build or launch, SkinnyUnavailable when it cannot run here.
     """

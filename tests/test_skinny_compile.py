@@ -1,6 +1,6 @@
 """The skinny kernel without a GPU: its torch-free core compiles for NVIDIA (nvcc, sm_90) and AMD
-(hipcc, wave32 gfx1030 and wave64 gfx90a), every variant runs correctly on a CPU emulation of the
-CUDA path (g++, csrc/skinny_emu.h), and its Python side (op schema, fake implementation, contract
+(hipcc, wave32 gfx1030 and wave64 gfx90a), both kernels and the default policy run correctly on a
+CPU emulation of the CUDA path (g++, csrc/skinny_emu.h), and its Python side (op schema, fake implementation, contract
 checks) works on CPU without building anything.
 
 A missing compiler skips its cell, unless W4A16_REQUIRE_COMPILERS=1 (CI) makes it a failure.
@@ -109,8 +109,8 @@ def test_hipcc_compiles_core(tmp_path, arch, wave):
 
 
 # ---------------------------------------------------------------------------------------------
-# The kernel on the CPU emulation (csrc/skinny_emu.h): every variant's index arithmetic, ring
-# protocol and reductions, judged by the oracle like the GPU parity runs.
+# The kernel on the CPU emulation (csrc/skinny_emu.h): each kernel's index arithmetic, ring and
+# reductions, judged by the oracle like the GPU parity runs.
 
 EMULATOR = CSRC / "skinny_emulate.cpp"
 
@@ -127,11 +127,11 @@ def build_emulator(out_dir: Path, sanitize: bool = True) -> Path:
 
 def emulate_call(binary: Path, work: Path, x: torch.Tensor, kw, bias: torch.Tensor | None, *, variant: int,
                  engine: str, num_sms: int = 132, split: int = 0, scale_offset: int = 0, row_pad: int = 0,
-                 copies: str = "lazy", timeout: float = 600) -> torch.Tensor:
-    """y from the emulated kernel for x [M, K] and kernel-layout weights kw (oracle.layouts).
-    num_sms steers choose_split, split (1, 2, 4, 8) overrides it; scale_offset misaligns the
-    scales; row_pad (a multiple of 8) gives x a row stride of K + row_pad; copies: when cp.async
-    lands ("lazy": at its wait, "eager": at issue)."""
+                 timeout: float = 600) -> tuple[torch.Tensor, dict[str, int]]:
+    """(y, {"variant", "split"} that ran) from the emulated kernel for x [M, K] and kernel-layout
+    weights kw (oracle.layouts). variant -1 is the default policy; num_sms steers choose_split,
+    split (1, 2, 4, 8) overrides it; scale_offset shifts the scales by that many elements (2-byte
+    aligned only); row_pad (a multiple of 8) gives x a row stride of K + row_pad."""
     import numpy as np
 
     m, k = x.shape
@@ -149,13 +149,14 @@ def emulate_call(binary: Path, work: Path, x: torch.Tensor, kw, bias: torch.Tens
         parts.append(bias.contiguous().view(torch.int16).numpy().tobytes())
     src, dst = work / "in.bin", work / "out.bin"
     src.write_bytes(b"".join(parts))
-    env = {**os.environ, "W4EMU_CP_ASYNC": copies, "ASAN_OPTIONS": "detect_leaks=0"}
+    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0"}
     result = subprocess.run([str(binary), str(src), str(dst)], capture_output=True, text=True, env=env,
                             timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"emulator failed ({result.returncode}): {result.stderr[-4000:]}")
     y = torch.frombuffer(bytearray(dst.read_bytes()), dtype=torch.int16).view(x.dtype)
-    return y.reshape(m, n).clone()
+    ran = re.search(r"variant (-?\d+) split (\d+)\s*$", result.stderr)
+    return y.reshape(m, n).clone(), {"variant": int(ran.group(1)), "split": int(ran.group(2))}
 
 
 @pytest.fixture(scope="module")
@@ -164,34 +165,38 @@ def emulator(tmp_path_factory) -> Path:
 
 
 def _v(name: str) -> int:
-    return skinny.VARIANTS.index(name)
+    return -1 if name == "default" else skinny.VARIANTS.index(name)
 
 
-PIPELINED = [name for name in skinny.VARIANTS if not name.startswith("base")]
-# (variant, engine, n, k, g, dtype, symmetric, m, emulate_call options). At split 4 each warp runs
-# 16 iterations of K = 8192 and every ring wraps; split 8 puts 8 warps on each row.
+# (variant or "default", engine, n, k, g, dtype, symmetric, m, emulate_call options, the variant
+# expected to run). At split 4 each warp runs 16 iterations of K = 8192 and the register ring
+# wraps; split 8 puts 8 warps on each row.
 EMULATED = [
-    *[(name, "mma", 264, 8192, 128, torch.float16, False, 1, dict(split=4)) for name in skinny.VARIANTS],
-    *[(name, "mma", 264, 8192, 128, torch.bfloat16, True, 16, dict(split=8)) for name in skinny.VARIANTS],
-    *[(name, "simt", 264, 8192, 128, torch.bfloat16, False, 1, dict(split=2))
-      for name in PIPELINED if not name.endswith("_sa")],
-    ("cp_s6", "mma", 264, 8192, 128, torch.float16, False, 9, dict(split=1, copies="eager")),
-    ("cp_r4_s4_sa", "mma", 264, 8192, 128, torch.bfloat16, False, 5, dict(split=2, copies="eager")),
-    ("cp_r4_s4", "mma", 264, 2048, 32, torch.float16, False, 5, dict(num_sms=4)),
-    ("regs_s4", "mma", 264, 2048, 64, torch.bfloat16, False, 16, dict(num_sms=4)),
-    ("cp_r4_s4_sa", "mma", 8, 4096, 128, torch.float16, False, 9, {}),
-    ("cp_s6_sa", "mma", 200, 2048, 128, torch.bfloat16, True, 2, dict(num_sms=1, row_pad=24)),
-    ("cp_s8", "mma", 264, 4032, 64, torch.bfloat16, False, 16, {}),  # K tail: the base kernel
-    ("cp_s6", "mma", 264, 2048, 128, torch.float16, False, 3, dict(scale_offset=1)),  # misaligned: base
+    *[(name, "mma", 264, 8192, 128, torch.float16, False, 1, dict(split=4), name) for name in skinny.VARIANTS],
+    *[(name, "mma", 264, 8192, 128, torch.bfloat16, True, 16, dict(split=8), name) for name in skinny.VARIANTS],
+    *[(name, "simt", 264, 8192, 128, torch.bfloat16, False, 1, dict(split=2), name) for name in skinny.VARIANTS],
+    ("regs_s4", "mma", 264, 8192, 128, torch.float16, False, 9, dict(split=1), "regs_s4"),
+    ("regs_s4", "mma", 264, 2048, 64, torch.bfloat16, False, 16, dict(num_sms=4), "regs_s4"),
+    ("regs_s4", "mma", 264, 2048, 32, torch.float16, False, 5, dict(num_sms=4), "regs_s4"),
+    ("regs_s4", "mma", 8, 4096, 128, torch.float16, False, 9, {}, "regs_s4"),  # N = 8: rows past n
+    ("regs_s4", "mma", 200, 2048, 128, torch.bfloat16, True, 2, dict(num_sms=1, row_pad=24), "regs_s4"),
+    ("regs_s4", "mma", 264, 2048, 128, torch.float16, False, 3, dict(scale_offset=1), "regs_s4"),
+    # K tail: the base kernel runs (the dispatch still reports the variant it was asked for).
+    ("regs_s4", "mma", 264, 4032, 64, torch.bfloat16, False, 16, {}, "regs_s4"),
+    # The default policy, each side of REGS_MAX_M, with choose_split's split at 132 SMs.
+    ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.REGS_MAX_M, {}, "regs_s4"),
+    ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "base"),
+    ("default", "simt", 264, 2048, 128, torch.float16, True, 1, {}, "regs_s4"),
 ]
 
 
-@pytest.mark.parametrize("variant,engine,n,k,g,dtype,symmetric,m,options", [
+@pytest.mark.parametrize("variant,engine,n,k,g,dtype,symmetric,m,options,ran", [
     pytest.param(*c, id=f"{c[0]}-{c[1]}-N{c[2]}-K{c[3]}-G{c[4]}-{str(c[5])[6:]}-{'sym' if c[6] else 'asym'}-M{c[7]}"
                  + "".join(f"-{key}={value}" for key, value in c[8].items()))
     for c in EMULATED
 ])
-def test_emulated_kernel_matches_oracle(emulator, tmp_path, variant, engine, n, k, g, dtype, symmetric, m, options):
+def test_emulated_kernel_matches_oracle(emulator, tmp_path, variant, engine, n, k, g, dtype, symmetric, m, options,
+                                        ran):
     from oracle import judge, plain_torch_matmul, random_quantized, reference_matmul
     from oracle.layouts import to_kernel_layout
 
@@ -199,14 +204,15 @@ def test_emulated_kernel_matches_oracle(emulator, tmp_path, variant, engine, n, 
     weight = random_quantized(n, k, g, symmetric, dtype, generator=gen)
     x = torch.randn(m, k, generator=gen).to(dtype)
     bias = (torch.randn(n, generator=gen) * 0.1).to(dtype)
-    y = emulate_call(emulator, tmp_path, x, to_kernel_layout(weight, dtype), bias, variant=_v(variant), engine=engine,
-                     **options)
+    y, run = emulate_call(emulator, tmp_path, x, to_kernel_layout(weight, dtype), bias, variant=_v(variant),
+                          engine=engine, **options)
+    assert run["variant"] == _v(ran)
     verdict = judge(y, reference_matmul(x, weight, bias), dequant_dtype=dtype, dequant_roundings=1,
                     baseline=plain_torch_matmul(x, weight, bias))
     assert verdict.passed, verdict.summary()
 
 
-@pytest.mark.parametrize("variant", ["cp_s6", "cp_r4_s4_sa"])
+@pytest.mark.parametrize("variant", skinny.VARIANTS)
 def test_emulated_kernel_passes_exact_probes(emulator, tmp_path, variant):
     from oracle import probe_weight, run_probes
     from oracle.layouts import to_kernel_layout
@@ -217,7 +223,7 @@ def test_emulated_kernel_passes_exact_probes(emulator, tmp_path, variant):
     bias = (torch.randn(64, generator=torch.Generator().manual_seed(2)) * 0.1).to(dtype)
 
     def kernel(x, b):
-        return emulate_call(emulator, tmp_path, x, kw, b, variant=_v(variant), engine="mma", split=2)
+        return emulate_call(emulator, tmp_path, x, kw, b, variant=_v(variant), engine="mma", split=2)[0]
 
     result = run_probes(kernel, weight, dtype, bias, max_m=skinny.MAX_M)
     assert result.passed, result.summary()
@@ -231,11 +237,14 @@ def test_python_limits_match_the_kernel():
     core = (CSRC / "skinny_core.cuh").read_text()
     assert int(re.search(r"kMaxM = (\d+);", core).group(1)) == skinny.MAX_M
     assert int(re.search(r"kNumVariants = (\d+);", core).group(1)) == len(skinny.VARIANTS)
-    assert int(re.search(r"kDefaultVariant = (\d+);", core).group(1)) == skinny.DEFAULT_VARIANT
+    assert int(re.search(r"kAutoVariant = (-?\d+);", core).group(1)) == skinny.DEFAULT_VARIANT
+    assert int(re.search(r"kRegsMaxM = (\d+);", core).group(1)) == skinny.REGS_MAX_M
     names = re.search(r"// kVariantNames: (.*)", core).group(1).split(", ")
     assert tuple(names) == skinny.VARIANTS
-    for v, name in enumerate(names[1:], start=1):  # the switch labels each case with its name
-        assert re.search(rf"case {v}: return .*// {name}\n", core), name
+    enum = re.search(r"enum Variant : int \{ kVariantBase = (\d+), kVariantRegs = (\d+) \};", core)
+    assert (int(enum.group(1)), int(enum.group(2))) == (skinny.VARIANTS.index("base"), skinny.VARIANTS.index("regs_s4"))
+    assert [skinny.default_variant(m) for m in range(1, skinny.MAX_M + 1)] == \
+        [1] * skinny.REGS_MAX_M + [0] * (skinny.MAX_M - skinny.REGS_MAX_M)
 
 
 def test_build_sources_are_the_variant_units():

@@ -55,13 +55,6 @@
 #define W4_LDG(ptr) __ldg(ptr)
 #endif
 
-// A kernel's dynamically sized shared memory (the launch's third argument), as `type name[]`.
-#if W4_EMU
-#define W4_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(::w4emu::dynamic_shared())
-#else
-#define W4_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
-#endif
-
 // Caps registers so that `min_blocks` blocks share one SM (CUDA). HIP reads a second argument
 // as waves per execution unit, a different quantity, so it gets none.
 #if W4_EMU
@@ -95,19 +88,6 @@ __device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
   return __shfl_xor(v, lane_mask);
 #else
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
-#endif
-}
-
-// The shared-space address of a pointer into shared memory (cp.async's destination operand).
-// Unused on HIP, which has no cp.async.
-__device__ __forceinline__ uint32_t w4_smem_address(const void* p) {
-#if W4_EMU
-  return ::w4emu::smem_address(p);
-#elif W4_HIP
-  (void)p;
-  return 0u;
-#else
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 #endif
 }
 

@@ -84,8 +84,8 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
                 ", got one on ", t->device());
   }
   TORCH_CHECK(n <= INT32_MAX && k <= INT32_MAX, "skinny_matmul: N and K must fit in int32");
-  TORCH_CHECK(variant >= -1 && variant < w4::kNumVariants, "skinny_matmul: variant must be -1 (the default) or in [0, ",
-              w4::kNumVariants, "), got ", variant);
+  TORCH_CHECK(variant >= w4::kAutoVariant && variant < w4::kNumVariants,
+              "skinny_matmul: variant must be -1 (the default) or in [0, ", w4::kNumVariants, "), got ", variant);
 
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
@@ -116,8 +116,8 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
   p.group_size = static_cast<int>(group_size);
-  p.variant = variant < 0 ? w4::kDefaultVariant : static_cast<int>(variant);
-  p.split = w4::choose_split(p.m, p.n, prop->multiProcessorCount, prop->warpSize, p.variant);
+  p.variant = w4::resolve_variant(static_cast<int>(variant), p.m);
+  p.split = w4::choose_split(p.n, prop->multiProcessorCount, prop->warpSize, p.variant);
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (x.scalar_type() == at::kHalf) {

@@ -2,11 +2,11 @@
 // W[n, k] = (q[n, k] - z[n, k / G]) * s[n, k / G], for M <= kMaxM rows of x.
 //
 // Work split. A block of kBlockThreads threads owns a tile of output rows (n) for all M. Within
-// a warp, lane = 4 * quad + t: the lane owns rows (quad, quad + W/4, ...) of the warp's rows
-// and, in every iteration, one 16-byte chunk (32 consecutive k) of each: chunk t of the
-// iteration's 128 k. A block's warps are split `split` ways along K (interleaved iterations)
-// and warps / split ways along N; the `split` partial sums of each output meet in shared memory
-// and are added in a fixed order, so results are deterministic (no atomics).
+// a warp, lane = 4 * quad + t: the lane owns rows (quad, quad + W/4) of the warp's rows and, in
+// every iteration, one 16-byte chunk (32 consecutive k) of each: chunk t of the iteration's
+// 128 k. A block's warps are split `split` ways along K (interleaved iterations) and
+// warps / split ways along N; the `split` partial sums of each output meet in shared memory and
+// are added in a fixed order, so results are deterministic (no atomics).
 //
 // Engines, chosen by the host:
 //  * kMma (CUDA, sm_80+): each 16 rows x 128 k of a warp's iteration are 8 tensor-core
@@ -17,23 +17,16 @@
 //  * kSimt (everywhere, the only engine on HIP): each lane forms fp32 dot products over its
 //    chunk, (q - z) * s exact in fp32, then the quad adds its 4 partial sums with shuffles.
 //
-// Variants (kernel shape and load pipeline, for benchmarking; variant 0 is the default):
-//  * the base kernel (skinny_kernel): 2 rows per lane; each warp issues the loads of kUnroll
-//    iterations, waits, computes, then issues the next ones.
-//  * the pipelined kernel (skinny_pipe_kernel): `rows` rows per lane (2 or 4) and a ring of
-//    `stages` iterations per lane: the loads of iteration e + stages - 1 are issued before
-//    iteration e is computed, so stages - 1 iterations stay in flight while the warp computes.
-//    The ring lives in registers (Pipe::kRegs, every platform) or, on CUDA, in shared memory
-//    filled by cp.async (Pipe::kCpAsync; scales and zero points ride in a register ring).
-//    Optionally (scale_after, mma engine, G = 128 only) the tensor cores multiply the exact
-//    (q - z) and the scale is applied to each iteration's fp32 partial sum instead.
+// Kernels (Variant; the host picks one per call with default_variant, and the op's `variant`
+// argument can force one for benchmarking):
+//  * kVariantBase, "base" (skinny_kernel): each warp issues the loads of kUnroll iterations,
+//    waits, computes, then issues the next ones.
+//  * kVariantRegs, "regs_s4" (skinny_pipe_kernel): a register ring of kPipeStages iterations per
+//    lane: the loads of iteration e + kPipeStages - 1 are issued before iteration e is computed,
+//    so kPipeStages - 1 iterations stay in flight while the warp computes.
 #pragma once
 
 #include "compat.h"
-
-#if !W4_HIP && !W4_EMU
-#include <atomic>
-#endif
 
 namespace w4 {
 
@@ -41,60 +34,33 @@ constexpr int kBlockThreads = 256;
 constexpr int kMaxM = 16;
 constexpr int kLaneK = 32;          // k per lane, row and iteration: one 16-byte load
 constexpr int kIterK = 4 * kLaneK;  // k per iteration: the 4 lanes of a quad side by side
-// Every lane owns 2 rows in the base kernel, so a block covers kBlockThreads / 2 (row, K-slice)
+constexpr int kLaneRows = 2;        // rows per lane, in both kernels
+// A row's K is split over a quad, so a block covers kBlockThreads / 4 * kLaneRows (row, K-slice)
 // pairs whatever the warp size: rows per block = kTileRows / split.
-constexpr int kTileRows = kBlockThreads / 2;
+constexpr int kTileRows = kBlockThreads / 4 * kLaneRows;
+constexpr int kMinBlocks = 2;   // both kernels' launch bounds: blocks resident per SM
+constexpr int kPipeStages = 4;  // the pipelined kernel's ring entries per lane
 
 enum class Engine : int { kSimt = 0, kMma = 1 };
 
-enum class Pipe : int { kRegs = 0, kCpAsync = 1 };
+// The kernels, for the op's `variant` argument; optimized/skinny.py VARIANTS lists the names in
+// the same order:
+// kVariantNames: base, regs_s4
+enum Variant : int { kVariantBase = 0, kVariantRegs = 1 };
+constexpr int kNumVariants = 2;
+constexpr int kAutoVariant = -1;  // default_variant(m), per call
 
-// One kernel variant. family 0: the base kernel, whose choose_split aims at num_sms * 8 blocks
-// for M <= 4 and num_sms * big_m_blocks above; 1: the pipelined kernel with `pipe`, `rows` rows
-// per lane, `stages` ring entries per lane, launch bounds (kBlockThreads, min_blocks) and
-// scale_after, whose split minimizes wave quantization (choose_split). On HIP a kCpAsync variant
-// runs the base kernel (there is no cp.async there).
-struct VariantSpec {
-  int family;
-  Pipe pipe;
-  int rows;
-  int stages;
-  int min_blocks;
-  bool scale_after;
-  int big_m_blocks;
-};
+// The default: regs_s4 for M <= kRegsMaxM, base above. On the H200 (mma engine, 5 decode shapes
+// x fp16 sym / bf16 asym at M in {1, 2, 4, 5, 8, 9, 16}; bench/results/h200/skinny_variants_log.txt,
+// v0/v1 = base under its old and its present split policy, v2 = regs_s4), regs_s4 was the
+// fastest of the three in 42 of 50 cells at M <= 8, base in 13 of 20 at M = 9 and 16.
+constexpr int kRegsMaxM = 8;
 
-constexpr int kNumVariants = 8;
-constexpr int kDefaultVariant = 0;
+__host__ __device__ constexpr int default_variant(int m) { return m <= kRegsMaxM ? kVariantRegs : kVariantBase; }
 
-// Names for reports, in the order of variant_spec; optimized/skinny.py keeps the same list.
-// kVariantNames: base, base_split8, regs_s4, cp_s6, cp_r4_s4, cp_s6_sa, cp_r4_s4_sa, cp_s8
-__host__ __device__ constexpr VariantSpec variant_spec(int v) {
-  switch (v) {
-    case 1: return {0, Pipe::kRegs, 2, 1, 2, false, 8};      // base_split8
-    case 2: return {1, Pipe::kRegs, 2, 4, 2, false, 8};      // regs_s4
-    case 3: return {1, Pipe::kCpAsync, 2, 6, 3, false, 8};   // cp_s6
-    case 4: return {1, Pipe::kCpAsync, 4, 4, 2, false, 8};   // cp_r4_s4
-    case 5: return {1, Pipe::kCpAsync, 2, 6, 3, true, 8};    // cp_s6_sa
-    case 6: return {1, Pipe::kCpAsync, 4, 4, 2, true, 8};    // cp_r4_s4_sa
-    case 7: return {1, Pipe::kCpAsync, 2, 8, 2, false, 8};   // cp_s8
-    default: return {0, Pipe::kRegs, 2, 1, 2, false, 2};     // base
-  }
-}
-
-// Whether variant v launches the pipelined kernel on this platform.
-__host__ __device__ constexpr bool uses_pipe_kernel(int v) {
-  return variant_spec(v).family == 1 && (!W4_HIP || variant_spec(v).pipe == Pipe::kRegs);
-}
-
-// The pipelined kernel's launch bounds: the M > 8 tile needs more registers (at most 2 blocks).
-__host__ __device__ constexpr int pipe_min_blocks(int v, int m_tile) {
-  return m_tile > 8 && variant_spec(v).min_blocks > 2 ? 2 : variant_spec(v).min_blocks;
-}
-
-// Rows per block at split 1: kBlockThreads / 4 quads-worth of lanes, `rows` rows each.
-__host__ __device__ constexpr int tile_rows(int v) {
-  return uses_pipe_kernel(v) ? kBlockThreads / 4 * variant_spec(v).rows : kTileRows;
+// The variant that runs: `variant` itself, or for kAutoVariant the default at m rows.
+__host__ __device__ constexpr int resolve_variant(int variant, int m) {
+  return variant == kAutoVariant ? default_variant(m) : variant;
 }
 
 // One call's arguments, in the layout of optimized/contract.py (T = half_t or bf16_t):
@@ -116,7 +82,7 @@ struct SkinnyParams {
   int m, n, k;
   int group_size;  // 32, 64 or 128
   int split;       // warps of a block sharing each row, splitting K: 1, 2, 4 (or 8 on wave32)
-  int variant;     // 0 .. kNumVariants - 1 (see variant_spec)
+  int variant;     // kVariantBase or kVariantRegs (resolve_variant)
 };
 
 namespace detail {
@@ -138,59 +104,19 @@ __device__ __forceinline__ uint4 load_weights(const uint4* p) {
 #endif
 }
 
-#if !W4_HIP
-// cp.async (sm_80+) into shared-space address `dst` (w4_smem_address): 16 bytes bypassing L1, or
-// 4 bytes through it; the bytes past src_bytes (0 or the size) are zero-filled and not read.
-// Completion is tracked per thread in commit groups.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const uint4* src, int src_bytes) {
-#if W4_EMU
-  ::w4emu::cp_async(dst, src, 16, src_bytes);
-#else
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-#endif
-}
-
-__device__ __forceinline__ void cp_async4(uint32_t dst, const uint32_t* src, int src_bytes) {
-#if W4_EMU
-  ::w4emu::cp_async(dst, src, 4, src_bytes);
-#else
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if W4_EMU
-  ::w4emu::cp_async_commit();
-#else
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-// Waits until at most N of this thread's commit groups are still pending.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if W4_EMU
-  ::w4emu::cp_async_wait(N);
-#else
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-#endif  // !W4_HIP
-
 // 8 consecutive activations as raw 16-bit patterns; zeros where `ok` is false.
 template <typename T>
 __device__ __forceinline__ uint4 load_x8(const T* row, int k, bool ok) {
   return ok ? W4_LDG(reinterpret_cast<const uint4*>(row + k)) : make_uint4(0u, 0u, 0u, 0u);
 }
 
-// R rows per lane; SCALE_AFTER only changes the mma engine (see the file comment).
-template <typename T, int M_TILE, Engine E, int R = 2, bool SCALE_AFTER = false>
+template <typename T, int M_TILE, Engine E>
 struct Accumulator;  // the engines below; kMma exists on CUDA only
 
 // ---------------------------------------------------------------------------------------------
-template <typename T, int M_TILE, int R, bool SCALE_AFTER>
-struct Accumulator<T, M_TILE, Engine::kSimt, R, SCALE_AFTER> {
+template <typename T, int M_TILE>
+struct Accumulator<T, M_TILE, Engine::kSimt> {
+  static constexpr int R = kLaneRows;
   static constexpr int kQuads = W4_WARP_SIZE / 4;
   // Iterations whose loads are issued together in the base kernel; fewer at large M, where
   // acc[2][M_TILE] would otherwise push the loaded words into local memory.
@@ -359,7 +285,7 @@ __device__ __forceinline__ void mma16816<bf16_t>(float (&c)[4], const uint32_t (
 // m = 2t, 2t+1. Logical k (2t, 2t+1, 2t+8, 2t+9) of step 2j is nibbles (0, 4, 1, 5) of word j
 // of lane t's chunk, and of step 2j+1 nibbles (2, 6, 3, 7); x is permuted to match.
 template <typename T, int M_TILE>
-struct Accumulator<T, M_TILE, Engine::kMma, 2, false> {
+struct Accumulator<T, M_TILE, Engine::kMma> {
   static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0, "mma tiles are 16 rows x 8 m on 32 lanes");
   static constexpr int kTiles = M_TILE / 8;
   static constexpr int kUnroll = 4;  // iterations whose loads are issued together
@@ -402,12 +328,10 @@ struct Accumulator<T, M_TILE, Engine::kMma, 2, false> {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The pipelined kernel's mma engine: the fragment map above, with R = 2 or 4 rows per lane
-// (rows quad + 8a; rows 2r and 2r + 1 form A tile r, and each B fragment of x feeds every A tile)
-// and fewer instructions per weight: one lop3 per nibble pair, x addressed from per-lane row
-// pointers, scales arriving as splat pairs. SCALE_AFTER (G = 128 only: the quad's 4 chunks then
-// share one group): the tensor cores multiply the exact q - z, and each row's scale multiplies
-// the iteration's fp32 partial sums.
+// The pipelined kernel's mma engine: the fragment map above with fewer instructions per weight:
+// one lop3 per nibble pair, x addressed from per-lane row pointers, scales arriving as splat
+// pairs.
+
 
 // (a & mask) | magic in one instruction (the compiler splits it when both are immediates).
 __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t magic) {
@@ -420,7 +344,7 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t m
 #endif
 }
 
-// Pairs (q_i - z, q_{i+4} - z) of one word, exact in T (see dequant_pairs_unscaled).
+// Pairs (q_i - z, q_{i+4} - z) of one word, exact in T (as in dequant_pairs).
 template <typename T>
 __device__ __forceinline__ void nibble_pairs(uint32_t w, uint32_t z, uint32_t (&out)[4]);
 
@@ -447,13 +371,12 @@ __device__ __forceinline__ void nibble_pairs<bf16_t>(uint32_t w, uint32_t z, uin
   for (int i = 0; i < 4; ++i) out[i] = fma2<bf16_t>(and_or(w >> (4 * i), 0x000F000Fu, kMagic), kOne, neg_128_z);
 }
 
-template <typename T, int M_TILE, int R, bool SCALE_AFTER>
+template <typename T, int M_TILE>
 struct MmaPipeAccumulator {
   static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0, "mma tiles are 16 rows x 8 m on 32 lanes");
-  static_assert(R == 2 || R == 4, "rows per lane: one or two 16-row A tiles");
+  static_assert(kLaneRows == 2, "a lane's rows quad and quad + 8 form one 16-row A tile");
   static constexpr int kTiles = M_TILE / 8;
-  static constexpr int kPairs = R / 2;
-  float acc[kPairs][kTiles][4];
+  float acc[kTiles][4];
   // This lane's x rows quad + 8 i in 16-byte units. A row past m reads row 0 instead: it only
   // feeds output columns that are never stored (each column of C is its own dot product).
   const uint4* xrow[kTiles];
@@ -464,99 +387,48 @@ struct MmaPipeAccumulator {
       const int m = 8 * i + quad;
       xrow[i] = reinterpret_cast<const uint4*>(static_cast<const T*>(x) + (m < m_rows ? m : 0) * stride_xm);
 #pragma unroll
-      for (int r = 0; r < kPairs; ++r)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[r][i][c] = 0.f;
+      for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
     }
   }
 
-  // The 8 mma steps of chunk `chunk` (k = 32 chunk .. 32 chunk + 31) into d; s2: each row's
-  // scale pair.
-  template <bool SCALED>
-  __device__ __forceinline__ void steps(float (&d)[kPairs][kTiles][4], const uint4 (&wq)[R], const uint32_t (&s2)[R],
-                                        const uint32_t (&z)[R], int chunk) {
+  // The 8 mma steps of chunk `chunk` (k = 32 chunk .. 32 chunk + 31); s2: each row's scale pair.
+  __device__ __forceinline__ void chunk(const uint4 (&wq)[2], const uint32_t (&s2)[2], const uint32_t (&z)[2],
+                                        int chunk) {
     constexpr uint32_t kNegZero = 0x80008000u;
     const uint4* xp[kTiles];
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) xp[i] = xrow[i] + 4 * chunk;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      uint32_t a_even[kPairs][4], a_odd[kPairs][4];
+      uint32_t d0[4], d1[4];  // rows quad, quad + 8
+      nibble_pairs<T>(word(wq[0], j), z[0], d0);
+      nibble_pairs<T>(word(wq[1], j), z[1], d1);
 #pragma unroll
-      for (int r = 0; r < kPairs; ++r) {
-        uint32_t d0[4], d1[4];  // rows quad + 16 r, quad + 16 r + 8
-        nibble_pairs<T>(word(wq[2 * r], j), z[2 * r], d0);
-        nibble_pairs<T>(word(wq[2 * r + 1], j), z[2 * r + 1], d1);
-        if constexpr (SCALED) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            d0[i] = fma2<T>(d0[i], s2[2 * r], kNegZero);
-            d1[i] = fma2<T>(d1[i], s2[2 * r + 1], kNegZero);
-          }
-        }
-        a_even[r][0] = d0[0];
-        a_even[r][1] = d1[0];
-        a_even[r][2] = d0[1];
-        a_even[r][3] = d1[1];
-        a_odd[r][0] = d0[2];
-        a_odd[r][1] = d1[2];
-        a_odd[r][2] = d0[3];
-        a_odd[r][3] = d1[3];
+      for (int i = 0; i < 4; ++i) {
+        d0[i] = fma2<T>(d0[i], s2[0], kNegZero);
+        d1[i] = fma2<T>(d1[i], s2[1], kNegZero);
       }
+      const uint32_t a_even[4] = {d0[0], d1[0], d0[1], d1[1]};
+      const uint32_t a_odd[4] = {d0[2], d1[2], d0[3], d1[3]};
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
         const uint4 xv = W4_LDG(xp[i] + j);
-        const uint32_t b_even0 = __byte_perm(xv.x, xv.z, 0x5410), b_even1 = __byte_perm(xv.x, xv.z, 0x7632);
-        const uint32_t b_odd0 = __byte_perm(xv.y, xv.w, 0x5410), b_odd1 = __byte_perm(xv.y, xv.w, 0x7632);
-#pragma unroll
-        for (int r = 0; r < kPairs; ++r) {
-          mma16816<T>(d[r][i], a_even[r], b_even0, b_even1);
-          mma16816<T>(d[r][i], a_odd[r], b_odd0, b_odd1);
-        }
+        mma16816<T>(acc[i], a_even, __byte_perm(xv.x, xv.z, 0x5410), __byte_perm(xv.x, xv.z, 0x7632));
+        mma16816<T>(acc[i], a_odd, __byte_perm(xv.y, xv.w, 0x5410), __byte_perm(xv.y, xv.w, 0x7632));
       }
-    }
-  }
-
-  __device__ __forceinline__ void chunk(const uint4 (&wq)[R], const uint32_t (&s2)[R], const uint32_t (&z)[R],
-                                        int chunk) {
-    if constexpr (SCALE_AFTER) {
-      // Lane (quad, t) holds C rows quad + 16 r (c = 0, 1) and quad + 16 r + 8 (c = 2, 3): its
-      // own rows 2r and 2r + 1.
-      float part[kPairs][kTiles][4];
-#pragma unroll
-      for (int r = 0; r < kPairs; ++r)
-#pragma unroll
-        for (int i = 0; i < kTiles; ++i)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) part[r][i][c] = 0.f;
-      steps<false>(part, wq, s2, z, chunk);
-#pragma unroll
-      for (int r = 0; r < kPairs; ++r) {
-        const float s_lo = bits_to_float<T>(s2[2 * r] & 0xFFFFu), s_hi = bits_to_float<T>(s2[2 * r + 1] & 0xFFFFu);
-#pragma unroll
-        for (int i = 0; i < kTiles; ++i) {
-          acc[r][i][0] = fmaf(part[r][i][0], s_lo, acc[r][i][0]);
-          acc[r][i][1] = fmaf(part[r][i][1], s_lo, acc[r][i][1]);
-          acc[r][i][2] = fmaf(part[r][i][2], s_hi, acc[r][i][2]);
-          acc[r][i][3] = fmaf(part[r][i][3], s_hi, acc[r][i][3]);
-        }
-      }
-    } else {
-      steps<true>(acc, wq, s2, z, chunk);
     }
   }
 
   __device__ __forceinline__ void deposit(float* red_rows, int quad, int t) {
 #pragma unroll
-    for (int r = 0; r < kPairs; ++r)
+    for (int i = 0; i < kTiles; ++i)
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          red_rows[(16 * r + quad + 8 * (c / 2)) * M_TILE + 8 * i + 2 * t + c % 2] = acc[r][i][c];
+      for (int c = 0; c < 4; ++c)
+        red_rows[(quad + 8 * (c / 2)) * M_TILE + 8 * i + 2 * t + c % 2] = acc[i][c];
   }
 };
 #endif  // !W4_HIP
+
 
 // Each output is the sum of its `split` partials (red: [split][block_rows][M_TILE]) in K order,
 // plus bias, rounded once. Called by every thread of the block after a barrier.
@@ -578,12 +450,12 @@ __device__ __forceinline__ void store_outputs(const SkinnyParams& p, const float
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
-// The base kernel (variants 0, 1).
+// The base kernel (kVariantBase).
 template <typename T, int M_TILE, int G, bool SYM, Engine E>
-__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 2) skinny_kernel(const SkinnyParams p) {
+__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const SkinnyParams p) {
   constexpr int kWarp = W4_WARP_SIZE;
   constexpr int kQuads = kWarp / 4;
-  constexpr int kWarpRows = 2 * kQuads;
+  constexpr int kWarpRows = kLaneRows * kQuads;
   static_assert(G % kLaneK == 0, "a lane's 32-k chunk lies in one group");
   // Partial sums of every (K-slice, row) pair of the block: [split][rows][M_TILE].
   __shared__ float red[kTileRows * M_TILE];
@@ -647,40 +519,19 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 2) skinny_kernel(const SkinnyPar
 }
 
 // ---------------------------------------------------------------------------------------------
-// The pipelined kernel (variants with family 1). A lane's work: the iterations
-// it = w_k + e * split, e < count, of its R rows row0 + kQuads * a (a row past n reads a row
-// below n instead and is never stored). Ring entry e % S holds iteration e's loads: the loads of
-// e + S - 1 go into the entry that iteration e - 1 has just freed, then the thread waits for e's
-// and computes it. It needs k % 128 == 0 and n >= 8 (launch_variant runs the base kernel
-// otherwise), so no chunk lies past k.
-//
-// kCpAsync: dynamic shared memory holds, per entry, row and thread, the weight chunk (uint4), the
-// 32-bit word that holds the scale, and the zero-point word, each [slot][row][thread] so that a
-// warp's accesses are conflict-free. Each thread reads back only its own copies, so no barrier
-// is needed. Scale words are read 4-byte aligned, which needs a 4-byte aligned scales tensor with
-// an even number of elements (launch_variant checks; otherwise the base kernel runs). After the
-// main loop the same memory holds the partial sums. kRegs: the ring is in registers and shared
-// memory holds only the partial sums.
-template <int V, bool SYM>
-struct PipeSmem {
-  static constexpr bool kRing = !W4_HIP && variant_spec(V).pipe == Pipe::kCpAsync;
-  static constexpr int kEntries = variant_spec(V).stages * variant_spec(V).rows * kBlockThreads;
-  static constexpr int kWeightBytes = kRing ? kEntries * 16 : 0;
-  static constexpr int kScaleBytes = kRing ? kEntries * 4 : 0;
-  static constexpr int kZeroBytes = kRing && !SYM ? kEntries * 4 : 0;
-  static constexpr int bytes(int m_tile) {
-    const int ring = kWeightBytes + kScaleBytes + kZeroBytes;
-    const int red = tile_rows(V) * m_tile * 4;
-    return ring > red ? ring : red;
-  }
-};
+// The pipelined kernel (kVariantRegs). A lane's work: the iterations it = w_k + e * split,
+// e < count, of its rows row0 + kQuads * a (a row past n reads a row below n instead and is
+// never stored). Ring entry e % S (in registers) holds iteration e's loads: the loads of
+// e + S - 1 go into the entry that iteration e - 1 has just freed, then the warp computes e.
+// It needs k % 128 == 0 and n >= 8 (launch_variant runs the base kernel otherwise), so no chunk
+// lies past k.
 
 namespace detail {
 
 // The simt engine behind the pipelined kernel's interface (x and M kept at init).
-template <typename T, int M_TILE, int R>
+template <typename T, int M_TILE>
 struct SimtPipeAccumulator {
-  Accumulator<T, M_TILE, Engine::kSimt, R> inner;
+  Accumulator<T, M_TILE, Engine::kSimt> inner;
   const T* x;
   int64_t stride_xm;
   int m_rows;
@@ -692,32 +543,29 @@ struct SimtPipeAccumulator {
     inner.init();
   }
   // s2: scale pairs; the simt engine reads the low half.
-  __device__ __forceinline__ void chunk(const uint4 (&wq)[R], const uint32_t (&s2)[R], const uint32_t (&z)[R],
-                                        int chunk) {
+  __device__ __forceinline__ void chunk(const uint4 (&wq)[kLaneRows], const uint32_t (&s2)[kLaneRows],
+                                        const uint32_t (&z)[kLaneRows], int chunk) {
     inner.chunk(wq, s2, z, x, stride_xm, m_rows, 0, chunk * kLaneK, true);
   }
   __device__ __forceinline__ void deposit(float* red_rows, int quad, int t) { inner.deposit(red_rows, quad, t); }
 };
 
-template <typename T, int M_TILE, Engine E, int R, bool SCALE_AFTER>
+template <typename T, int M_TILE, Engine E>
 struct PipeEngine {
-  using type = SimtPipeAccumulator<T, M_TILE, R>;
+  using type = SimtPipeAccumulator<T, M_TILE>;
 };
 #if !W4_HIP
-template <typename T, int M_TILE, int R, bool SCALE_AFTER>
-struct PipeEngine<T, M_TILE, Engine::kMma, R, SCALE_AFTER> {
-  using type = MmaPipeAccumulator<T, M_TILE, R, SCALE_AFTER>;
+template <typename T, int M_TILE>
+struct PipeEngine<T, M_TILE, Engine::kMma> {
+  using type = MmaPipeAccumulator<T, M_TILE>;
 };
 #endif
 
 }  // namespace detail
 
-template <typename T, int M_TILE, int G, bool SYM, Engine E, int V>
-__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, pipe_min_blocks(V, M_TILE)) skinny_pipe_kernel(const SkinnyParams p) {
-  using Smem = PipeSmem<V, SYM>;
-  constexpr int R = variant_spec(V).rows, S = variant_spec(V).stages;
-  constexpr bool kRing = Smem::kRing;
-  constexpr bool kScaleAfter = variant_spec(V).scale_after && E == Engine::kMma && G == kIterK;
+template <typename T, int M_TILE, int G, bool SYM, Engine E>
+__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(const SkinnyParams p) {
+  constexpr int R = kLaneRows, S = kPipeStages;
   constexpr int kWarp = W4_WARP_SIZE;
   constexpr int kQuads = kWarp / 4;
   constexpr int kWarpRows = R * kQuads;
@@ -726,14 +574,15 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, pipe_min_blocks(V, M_TILE)) skin
   constexpr int kGroupsPerIter = kChunksPerIter / kChunksPerGroup;
   static_assert(G % kLaneK == 0 && kChunksPerIter % kChunksPerGroup == 0, "groups tile the iterations");
   static_assert(S >= 2, "a ring needs at least two entries");
-  W4_DYNAMIC_SHARED(uint4, smem);
+  // Partial sums of every (K-slice, row) pair of the block: [split][rows][M_TILE].
+  __shared__ float red[kTileRows * M_TILE];
 
   const uint4* __restrict__ qw = reinterpret_cast<const uint4*>(p.qweight);
   const unsigned short* __restrict__ scales = static_cast<const unsigned short*>(p.scales);
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int quad = lane / 4, t = lane % 4;
   const int w_k = warp % p.split, w_n = warp / p.split;
-  const int block_rows = tile_rows(V) / p.split;
+  const int block_rows = kTileRows / p.split;
   const int warp_row0 = blockIdx.x * block_rows + w_n * kWarpRows;
   const int kc = p.k / kLaneK;  // 16-byte chunks per row
   const int groups = p.k / G;
@@ -742,10 +591,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, pipe_min_blocks(V, M_TILE)) skin
 
   // The lane's rows row0 + kQuads * a. A row r past n reads row r - 8 c instead, the largest
   // below n that is congruent to r mod 8 (n >= 8 here): valid memory, and its sums are never
-  // stored. So every row of the lane has the same r mod 8, the zero point's nibble, and the same
-  // parity of r * groups, which decides the half of a 32-bit word that holds a scale (scale
-  // index r * groups + it * kGroupsPerIter + t / kChunksPerGroup). Element offsets fit in an int
-  // (the host checks n * k / 32).
+  // stored. So every row of the lane has the same r mod 8, the zero point's nibble. Element
+  // offsets fit in an int (the host checks n * k / 32).
   const int row0 = warp_row0 + quad;
   const int tg = t / kChunksPerGroup;
   int rows[R];
@@ -755,18 +602,9 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, pipe_min_blocks(V, M_TILE)) skin
     rows[a] = r < p.n ? r : r - 8 * ((r - p.n) / 8 + 1);
   }
   const int zshift = 4 * (row0 & 7);
-  const uint32_t ssel = (rows[0] * groups + tg) & 1 ? 0x3232u : 0x1010u;  // byte_perm: splat that half
 
-  // The ring: shared memory, entry (slot, a) (slot * R + a) * kBlockThreads elements past this
-  // thread's first, or registers.
-  const uint32_t ring_w = w4_smem_address(smem) + 16u * threadIdx.x;
-  const uint32_t ring_s = w4_smem_address(smem) + Smem::kWeightBytes + 4u * threadIdx.x;
-  const uint32_t ring_z = ring_s + Smem::kScaleBytes;
-  const uint32_t* const smem_s = reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(smem) +
-                                                                   Smem::kWeightBytes) + threadIdx.x;
-  const uint32_t* const smem_z = smem_s + Smem::kScaleBytes / 4;
-  uint4 wr[kRing ? 1 : S][R];
-  uint32_t sr[kRing ? 1 : S][R], zr[kRing || SYM ? 1 : S][R];
+  uint4 wr[S][R];
+  uint32_t sr[S][R], zr[SYM ? 1 : S][R];
 
   // Issues the loads of iteration w_k + f * split (nothing past count) into ring entry `slot`.
   auto issue = [&](int f, int slot) {
@@ -776,77 +614,35 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, pipe_min_blocks(V, M_TILE)) skin
 #pragma unroll
     for (int a = 0; a < R; ++a) {
       const int qi = rows[a] * kc + chunk, si = rows[a] * groups + group, zi = (rows[a] >> 3) * groups + group;
-      if constexpr (kRing) {
-#if !W4_HIP
-        const uint32_t entry = (slot * R + a) * kBlockThreads;
-        detail::cp_async16(ring_w + 16u * entry, qw + qi, 16);
-        detail::cp_async4(ring_s + 4u * entry, reinterpret_cast<const uint32_t*>(scales) + (si >> 1), 4);
-        if constexpr (!SYM) detail::cp_async4(ring_z + 4u * entry, p.zeros + zi, 4);
-#endif
-      } else {
-        wr[kRing ? 0 : slot][a] = detail::load_weights(qw + qi);
-        sr[kRing ? 0 : slot][a] = W4_LDG(scales + si);
-        if constexpr (!SYM) zr[kRing || SYM ? 0 : slot][a] = W4_LDG(p.zeros + zi);
-      }
+      wr[slot][a] = detail::load_weights(qw + qi);
+      sr[slot][a] = W4_LDG(scales + si);
+      if constexpr (!SYM) zr[SYM ? 0 : slot][a] = W4_LDG(p.zeros + zi);
     }
   };
 
-  using Accum = typename detail::PipeEngine<T, M_TILE, E, R, kScaleAfter>::type;
+  using Accum = typename detail::PipeEngine<T, M_TILE, E>::type;
   Accum accum;
   accum.init(p.x, p.stride_xm, p.m, quad);
 
 #pragma unroll
-  for (int f = 0; f < S - 1; ++f) {
-    issue(f, f);
-#if !W4_HIP
-    if constexpr (kRing) detail::cp_async_commit();
-#endif
-  }
+  for (int f = 0; f < S - 1; ++f) issue(f, f);
   for (int e0 = 0; e0 < count; e0 += S) {
 #pragma unroll
     for (int u = 0; u < S; ++u) {
       const int e = e0 + u;  // in ring entry u, as e0 % S == 0
       if (e >= count) break;  // the same for the whole warp, as the mma engine needs
       issue(e + S - 1, (u + S - 1) % S);  // into the entry iteration e - 1 used
-#if !W4_HIP
-      if constexpr (kRing) {
-        detail::cp_async_commit();
-        detail::cp_async_wait<S - 1>();  // this thread's copies for iteration e have landed
-      }
-#endif
       const int it = w_k + e * p.split;
-      // The scale's half flips with the iteration when an iteration is one group (G = 128).
-      const uint32_t flip = kGroupsPerIter % 2 ? (it & 1) * 0x2222u : 0u;
-      uint4 wq[R];
       uint32_t s2[R], z[R];
 #pragma unroll
       for (int a = 0; a < R; ++a) {
-        uint32_t zword = 0u;
-        if constexpr (kRing) {
-          const int entry = (u * R + a) * kBlockThreads;
-          wq[a] = smem[threadIdx.x + entry];
-          s2[a] = __byte_perm(smem_s[entry], 0u, ssel ^ flip);
-          if constexpr (!SYM) zword = smem_z[entry];
-        } else {
-          wq[a] = wr[kRing ? 0 : u][a];
-          s2[a] = sr[kRing ? 0 : u][a] * 0x10001u;
-          if constexpr (!SYM) zword = zr[kRing || SYM ? 0 : u][a];
-        }
-        z[a] = SYM ? 8u : (zword >> zshift) & 0xFu;
+        s2[a] = sr[u][a] * 0x10001u;
+        z[a] = SYM ? 8u : (zr[SYM ? 0 : u][a] >> zshift) & 0xFu;
       }
-      accum.chunk(wq, s2, z, it * kChunksPerIter + t);
+      accum.chunk(wr[u], s2, z, it * kChunksPerIter + t);
     }
   }
 
-  // The partial sums reuse the ring's memory: this thread's copies are all done (iterations past
-  // count were never issued) and, after the barrier, every warp is past its last ring read.
-  float* red = reinterpret_cast<float*>(smem);
-  if constexpr (kRing) {
-#if !W4_HIP
-    detail::cp_async_wait<0>();
-#endif
-    __syncthreads();
-  }
   accum.deposit(red + (w_k * block_rows + w_n * kWarpRows) * M_TILE, quad, t);
   __syncthreads();
   detail::store_outputs<T, M_TILE>(p, red, block_rows);
@@ -856,28 +652,32 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, pipe_min_blocks(V, M_TILE)) skin
 // Host side: pick the K split and the template instance. Torch-free, so the CI compile check
 // instantiates exactly what the extension ships (launch_skinny<half_t>, launch_skinny<bf16_t>).
 
-// Larger blocks (split 1: tile_rows rows) fetch each x element once for more rows; smaller ones
+// Larger blocks (split 1: kTileRows rows) fetch each x element once for more rows; smaller ones
 // make more blocks, so that every SM has work and the last wave is short. Decode at small M
 // needs little x traffic, so it favours many blocks.
 //
+// The base kernel: the smallest split that gives num_sms * 8 blocks (or the largest split). On
+// the H200 this policy was never slower than aiming at num_sms * 2 blocks above M = 4 beyond
+// noise, and it removed a step in time from M = 4 to 5 (skinny_variants_log.txt: v1 against v0).
+//
 // The pipelined kernel: the split with the least modelled wave quantization. Its blocks are
-// equal, so they run in waves of num_sms * per_sm (its occupancy); counting time in block-times
-// of a busy SM, a full wave takes per_sm and a last partial wave takes its most loaded SM's
-// block count, at least 2 (an SM with one block is assumed to run at half speed, as a block's
-// loads in flight cover about half an SM's share of the bandwidth). Efficiency = ideal / modelled
-// time; a larger split must beat a smaller one by 2% (larger blocks share x better).
-inline int choose_split(int m, int n, int num_sms, int warp_size, int variant = kDefaultVariant) {
+// equal, so they run in waves of num_sms * kMinBlocks (its occupancy); counting time in
+// block-times of a busy SM, a full wave takes kMinBlocks and a last partial wave takes its most
+// loaded SM's block count, at least 2 (an SM with one block is assumed to run at half speed, as a
+// block's loads in flight cover about half an SM's share of the bandwidth). Efficiency = ideal /
+// modelled time; a larger split must beat a smaller one by 2% (larger blocks share x better).
+//
+// variant: kVariantBase or kVariantRegs (resolve_variant's result).
+inline int choose_split(int n, int num_sms, int warp_size, int variant) {
   const int warps = kBlockThreads / warp_size;
-  const int tile = tile_rows(variant);
-  if (uses_pipe_kernel(variant)) {
-    const int per_sm = pipe_min_blocks(variant, m > 8 ? 16 : 8);
-    const int slots = num_sms * per_sm;
+  if (variant == kVariantRegs) {
+    const int slots = num_sms * kMinBlocks;
     double best = -1.0;
     int best_split = 1;
     for (int split = 1; split <= warps; split *= 2) {
-      const int blocks = (n + tile / split - 1) / (tile / split);
+      const int blocks = (n + kTileRows / split - 1) / (kTileRows / split);
       const int tail = (blocks % slots + num_sms - 1) / num_sms;
-      const double time = static_cast<double>(blocks / slots) * per_sm + (tail == 0 ? 0 : tail < 2 ? 2 : tail);
+      const double time = static_cast<double>(blocks / slots) * kMinBlocks + (tail == 0 ? 0 : tail < 2 ? 2 : tail);
       const double efficiency = static_cast<double>(blocks) / num_sms / time;
       if (efficiency > best + 0.02) {
         best = efficiency;
@@ -886,9 +686,9 @@ inline int choose_split(int m, int n, int num_sms, int warp_size, int variant = 
     }
     return best_split;
   }
-  const int target_blocks = num_sms * (m <= 4 ? 8 : variant_spec(variant).big_m_blocks);
+  const int target_blocks = num_sms * 8;
   int split = 1;
-  while (split < warps && (n + tile / split - 1) / (tile / split) < target_blocks) split *= 2;
+  while (split < warps && (n + kTileRows / split - 1) / (kTileRows / split) < target_blocks) split *= 2;
   return split;
 }
 
@@ -897,52 +697,24 @@ namespace detail {
 template <typename T, Engine E, int V>
 void launch_variant(const SkinnyParams& p, stream_t stream);
 
-template <typename T, int M_TILE, int G, bool SYM, Engine E>
-void launch_instance(const SkinnyParams& p, stream_t stream) {
+template <typename T, int M_TILE, int G, bool SYM, Engine E, int V>
+void launch_tile(const SkinnyParams& p, stream_t stream) {
   const int block_rows = kTileRows / p.split;
   const int blocks = (p.n + block_rows - 1) / block_rows;
 #if W4_EMU
   (void)stream;
-  ::w4emu::launch(skinny_kernel<T, M_TILE, G, SYM, E>, blocks, kBlockThreads, 0, p);
-#else
-  skinny_kernel<T, M_TILE, G, SYM, E><<<blocks, kBlockThreads, 0, stream>>>(p);
-#endif
-}
-
-template <typename T, int M_TILE, int G, bool SYM, Engine E, int V>
-void launch_pipe_instance(const SkinnyParams& p, stream_t stream) {
-  const int block_rows = tile_rows(V) / p.split;
-  const int blocks = (p.n + block_rows - 1) / block_rows;
-  constexpr int kSmem = PipeSmem<V, SYM>::bytes(M_TILE);
-#if W4_EMU
-  (void)stream;
-  ::w4emu::launch(skinny_pipe_kernel<T, M_TILE, G, SYM, E, V>, blocks, kBlockThreads, kSmem, p);
-#else
-#if !W4_HIP
-  if constexpr (kSmem > 48 * 1024) {
-    // Above 48 KB a kernel must opt in, once per device (a failure shows as a launch error).
-    static std::atomic<uint64_t> opted_in{0};
-    int device = 0;
-    cudaGetDevice(&device);
-    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-    if (bit == 0 || (opted_in.load(std::memory_order_relaxed) & bit) == 0) {
-      cudaFuncSetAttribute(skinny_pipe_kernel<T, M_TILE, G, SYM, E, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           kSmem);
-      opted_in.fetch_or(bit, std::memory_order_relaxed);
-    }
-  }
-#endif
-  skinny_pipe_kernel<T, M_TILE, G, SYM, E, V><<<blocks, kBlockThreads, kSmem, stream>>>(p);
-#endif
-}
-
-template <typename T, int M_TILE, int G, bool SYM, Engine E, int V>
-void launch_tile(const SkinnyParams& p, stream_t stream) {
-  if constexpr (uses_pipe_kernel(V)) {
-    launch_pipe_instance<T, M_TILE, G, SYM, E, V>(p, stream);
+  if constexpr (V == kVariantRegs) {
+    ::w4emu::launch(skinny_pipe_kernel<T, M_TILE, G, SYM, E>, blocks, kBlockThreads, p);
   } else {
-    launch_instance<T, M_TILE, G, SYM, E>(p, stream);
+    ::w4emu::launch(skinny_kernel<T, M_TILE, G, SYM, E>, blocks, kBlockThreads, p);
   }
+#else
+  if constexpr (V == kVariantRegs) {
+    skinny_pipe_kernel<T, M_TILE, G, SYM, E><<<blocks, kBlockThreads, 0, stream>>>(p);
+  } else {
+    skinny_kernel<T, M_TILE, G, SYM, E><<<blocks, kBlockThreads, 0, stream>>>(p);
+  }
+#endif
 }
 
 template <typename T, int G, bool SYM, Engine E, int V>
@@ -950,11 +722,11 @@ void launch_m(const SkinnyParams& p, stream_t stream) {
   if constexpr (E == Engine::kMma) {
     if (p.m <= 8) return launch_tile<T, 8, G, SYM, E, V>(p, stream);
     return launch_tile<T, 16, G, SYM, E, V>(p, stream);
-  } else if constexpr (uses_pipe_kernel(V)) {
-    // Pipelined simt instances exist for M = 1 only (a benchmark of the load path); other M
-    // run the base kernel.
+  } else if constexpr (V == kVariantRegs) {
+    // Pipelined simt instances exist for M = 1 only; other M run the base kernel (any split
+    // <= warps suits it).
     if (p.m <= 1) return launch_tile<T, 1, G, SYM, E, V>(p, stream);
-    return launch_variant<T, E, kDefaultVariant>(p, stream);  // any split <= warps suits it
+    return launch_variant<T, E, kVariantBase>(p, stream);
   } else {
     if (p.m <= 1) return launch_tile<T, 1, G, SYM, E, V>(p, stream);
     if (p.m <= 2) return launch_tile<T, 2, G, SYM, E, V>(p, stream);
@@ -968,46 +740,32 @@ void launch_m(const SkinnyParams& p, stream_t stream) {
 // (T, E, V) in its own translation unit (skinny_inst_v*.cu, declared in skinny_instances.h).
 template <typename T, Engine E, int V>
 void launch_variant(const SkinnyParams& p, stream_t stream) {
-  if constexpr (V != kDefaultVariant && !uses_pipe_kernel(V)) {
-    // The base kernel under another split policy (p.split), or a kCpAsync variant on HIP: the
-    // default variant's kernels, instantiated once.
-    launch_variant<T, E, kDefaultVariant>(p, stream);
-  } else {
-    if constexpr (uses_pipe_kernel(V)) {
-      // The pipelined kernel needs k % 128 == 0 (no K tail; always so for G = 128), n >= 8, row
-      // offsets that fit in an int, and for its cp.async ring 4-byte scale words: a 4-byte aligned
-      // scales tensor with an even element count. Other calls run the base kernel.
-      const int64_t scale_count = static_cast<int64_t>(p.n) * (p.k / p.group_size);
-      const bool words_ok = reinterpret_cast<uintptr_t>(p.scales) % 4 == 0 && scale_count % 2 == 0;
-      if (p.k % kIterK != 0 || p.n < 8 || static_cast<int64_t>(p.n) * (p.k / kLaneK) > INT32_MAX ||
-          (PipeSmem<V, true>::kRing && !words_ok)) {
-        return launch_variant<T, E, kDefaultVariant>(p, stream);
-      }
+  if constexpr (V == kVariantRegs) {
+    // The pipelined kernel needs k % 128 == 0 (no K tail; always so for G = 128), n >= 8 and row
+    // offsets that fit in an int. Other calls run the base kernel.
+    if (p.k % kIterK != 0 || p.n < 8 || static_cast<int64_t>(p.n) * (p.k / kLaneK) > INT32_MAX) {
+      return launch_variant<T, E, kVariantBase>(p, stream);
     }
-    const bool sym = p.zeros == nullptr;
-    switch (p.group_size) {
-      case 32: return sym ? launch_m<T, 32, true, E, V>(p, stream) : launch_m<T, 32, false, E, V>(p, stream);
-      case 64: return sym ? launch_m<T, 64, true, E, V>(p, stream) : launch_m<T, 64, false, E, V>(p, stream);
-      default: return sym ? launch_m<T, 128, true, E, V>(p, stream) : launch_m<T, 128, false, E, V>(p, stream);
-    }
+  }
+  const bool sym = p.zeros == nullptr;
+  switch (p.group_size) {
+    case 32: return sym ? launch_m<T, 32, true, E, V>(p, stream) : launch_m<T, 32, false, E, V>(p, stream);
+    case 64: return sym ? launch_m<T, 64, true, E, V>(p, stream) : launch_m<T, 64, false, E, V>(p, stream);
+    default: return sym ? launch_m<T, 128, true, E, V>(p, stream) : launch_m<T, 128, false, E, V>(p, stream);
   }
 }
 
-template <typename T, Engine E, int V = 0>
+template <typename T, Engine E>
 void launch_engine(const SkinnyParams& p, stream_t stream) {
-  if (p.variant == V) return launch_variant<T, E, V>(p, stream);
-  if constexpr (V + 1 < kNumVariants) {
-    return launch_engine<T, E, V + 1>(p, stream);
-  } else {
-    return launch_variant<T, E, kDefaultVariant>(p, stream);  // out of range (the binding rejects it)
-  }
+  if (p.variant == kVariantRegs) return launch_variant<T, E, kVariantRegs>(p, stream);
+  return launch_variant<T, E, kVariantBase>(p, stream);
 }
 
 }  // namespace detail
 
-// The caller has validated p (1 <= m <= kMaxM, group_size in {32, 64, 128}, alignment, variant)
-// and set p.split, e.g. from choose_split(..., p.variant). kMma needs CUDA sm_80+; on HIP only
-// kSimt is compiled.
+// The caller has validated p (1 <= m <= kMaxM, group_size in {32, 64, 128}, alignment), resolved
+// p.variant (resolve_variant) and set p.split, e.g. from choose_split(p.n, ..., p.variant). kMma
+// needs CUDA sm_80+; on HIP only kSimt is compiled.
 template <typename T>
 void launch_skinny(const SkinnyParams& p, Engine engine, stream_t stream) {
 #if W4_HIP

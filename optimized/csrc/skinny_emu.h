@@ -1,21 +1,15 @@
 // CPU emulation of the CUDA features the skinny kernel uses, so that its index arithmetic, ring
-// protocol and reductions can be executed without a GPU (tests/test_skinny_compile.py builds
+// and reductions can be executed without a GPU (tests/test_skinny_compile.py builds
 // skinny_emulate.cpp with -DW4_EMU=1). One std::thread per GPU thread, one block at a time:
 //  * __syncthreads, and the warp-collective mma.sync and shuffles, meet at barriers (a warp
 //    whose lanes reach a different number of them deadlocks; the driver's watchdog reports it);
-//  * cp.async copies are queued per thread and performed only when cp.async.wait_group requires
-//    them (W4EMU_CP_ASYNC=lazy, the default), or at issue (eager): a read of a ring entry before
-//    its wait sees stale or poisoned bytes, an entry overwritten before its read is caught eagerly;
-//  * dynamic shared memory is poisoned (0xFF bytes, NaN as floats) before every block;
 //  * fp16/bf16 fma and the tensor-core mma round exactly once from an exact (double) value.
 // Not a model of timing or of the hardware's own accumulation order.
 #pragma once
 
 #include <barrier>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -120,87 +114,19 @@ struct Warp {
 };
 
 struct Block {
-  explicit Block(int threads, int smem_bytes)
-      : sync(threads), warps(threads / 32), smem(static_cast<size_t>(smem_bytes) + 16, 0xFF) {
+  explicit Block(int threads) : sync(threads), warps(threads / 32) {
     for (auto& w : warps) w = std::make_unique<Warp>();
   }
   std::barrier<> sync;
   std::vector<std::unique_ptr<Warp>> warps;
-  std::vector<unsigned char> smem;  // poisoned: 0xFF bytes
-  unsigned char* smem_base() {
-    auto p = reinterpret_cast<uintptr_t>(smem.data());
-    return reinterpret_cast<unsigned char*>((p + 15) & ~uintptr_t{15});
-  }
-};
-
-struct Copy {
-  uint32_t dst;
-  const void* src;
-  int size, src_bytes;
 };
 
 struct ThreadState {
   Block* block = nullptr;
   unsigned int tid = 0, bid = 0;
-  std::vector<Copy> open;                 // issued, not yet committed
-  std::vector<std::vector<Copy>> groups;  // committed, oldest first
 };
 
 inline thread_local ThreadState self;
-inline bool eager_copies() {
-  const char* mode = std::getenv("W4EMU_CP_ASYNC");
-  return mode != nullptr && std::strcmp(mode, "eager") == 0;
-}
-
-inline void* dynamic_shared() { return self.block->smem_base(); }
-
-inline uint32_t smem_address(const void* p) {
-  const auto off = static_cast<const unsigned char*>(p) - self.block->smem_base();
-  if (off < 0 || static_cast<size_t>(off) > self.block->smem.size() - 16) {
-    std::fprintf(stderr, "w4emu: smem_address of a pointer outside dynamic shared memory\n");
-    std::abort();
-  }
-  return static_cast<uint32_t>(off);
-}
-
-inline void perform(const Copy& c) {
-  if (static_cast<size_t>(c.dst) + c.size > self.block->smem.size() - 16) {
-    std::fprintf(stderr, "w4emu: cp.async past the end of dynamic shared memory (dst %u, size %d)\n", c.dst, c.size);
-    std::abort();
-  }
-  unsigned char* d = self.block->smem_base() + c.dst;
-  std::memcpy(d, c.src, static_cast<size_t>(c.src_bytes));
-  std::memset(d + c.src_bytes, 0, static_cast<size_t>(c.size - c.src_bytes));
-}
-
-inline void cp_async(uint32_t dst, const void* src, int size, int src_bytes) {
-  if (dst % static_cast<uint32_t>(size) != 0) {
-    std::fprintf(stderr, "w4emu: misaligned cp.async destination %u for %d bytes\n", dst, size);
-    std::abort();
-  }
-  if (reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(size) != 0) {
-    std::fprintf(stderr, "w4emu: misaligned cp.async source for %d bytes\n", size);
-    std::abort();
-  }
-  const Copy c{dst, src, size, src_bytes};
-  if (eager_copies()) {
-    perform(c);
-  } else {
-    self.open.push_back(c);
-  }
-}
-
-inline void cp_async_commit() {
-  self.groups.push_back(std::move(self.open));
-  self.open.clear();
-}
-
-inline void cp_async_wait(int pending) {
-  while (static_cast<int>(self.groups.size()) > pending) {
-    for (const Copy& c : self.groups.front()) perform(c);
-    self.groups.erase(self.groups.begin());
-  }
-}
 
 inline Warp& my_warp() { return *self.block->warps[self.tid / 32]; }
 
@@ -247,19 +173,12 @@ inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
   for (int i = 0; i < 4; ++i) c[i] = d[i];
 }
 
-inline void syncthreads() {
-  if (!self.open.empty()) {
-    // Uncommitted copies at a barrier are a bug in this kernel's protocol.
-    std::fprintf(stderr, "w4emu: uncommitted cp.async at __syncthreads\n");
-    std::abort();
-  }
-  self.block->sync.arrive_and_wait();
-}
+inline void syncthreads() { self.block->sync.arrive_and_wait(); }
 
 template <typename P>
-void launch(void (*kernel)(P), int blocks, int threads, int smem_bytes, const P& p) {
+void launch(void (*kernel)(P), int blocks, int threads, const P& p) {
   for (int b = 0; b < blocks; ++b) {
-    Block block(threads, smem_bytes);
+    Block block(threads);
     std::vector<std::thread> pool;
     pool.reserve(static_cast<size_t>(threads));
     for (int tid = 0; tid < threads; ++tid) {

@@ -1,15 +1,16 @@
 // Runs one call of the skinny kernel on the CPU emulation (skinny_emu.h), through the same host
-// dispatch as the extension (choose_split, launch_skinny). Built and driven by
+// dispatch as the extension (resolve_variant, choose_split, launch_skinny). Built and driven by
 // tests/test_skinny_compile.py; not part of the extension.
 //
 //   skinny_emulate IN OUT
 //
-// IN: 13 int64 [m, n, k, group_size, is_bf16, symmetric, has_bias, stride_xm, variant, engine,
-// num_sms, scale_offset, split (0: choose_split's)], then little-endian arrays: x (m * stride_xm
-// u16), qweight (n * k / 8 u32), scales (n * k / group_size u16), zeros (n / 8 * k / group_size
-// u32, asymmetric only), bias (n u16, if any). scale_offset > 0 places the scales that many
-// elements into their buffer (a misaligned view). OUT: y (m * n u16). Exit status 3: the launch
-// did not finish in time (a warp whose lanes disagree on a collective operation deadlocks).
+// IN: 13 int64 [m, n, k, group_size, is_bf16, symmetric, has_bias, stride_xm, variant (-1: the
+// default), engine, num_sms, scale_offset, split (0: choose_split's)], then little-endian arrays:
+// x (m * stride_xm u16), qweight (n * k / 8 u32), scales (n * k / group_size u16), zeros
+// (n / 8 * k / group_size u32, asymmetric only), bias (n u16, if any). scale_offset > 0 places
+// the scales that many elements into their buffer (a view only 2-byte aligned). OUT: y (m * n
+// u16); stderr ends with the variant and split that ran. Exit status 3: the launch did not finish
+// in time (a warp whose lanes disagree on a collective operation deadlocks).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -71,8 +72,8 @@ int main(int argc, char** argv) {
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
   p.group_size = static_cast<int>(g);
-  p.variant = static_cast<int>(h[8]);
-  p.split = h[12] > 0 ? static_cast<int>(h[12]) : w4::choose_split(p.m, p.n, static_cast<int>(h[10]), 32, p.variant);
+  p.variant = w4::resolve_variant(static_cast<int>(h[8]), p.m);
+  p.split = h[12] > 0 ? static_cast<int>(h[12]) : w4::choose_split(p.n, static_cast<int>(h[10]), 32, p.variant);
   const w4::Engine engine = h[9] ? w4::Engine::kMma : w4::Engine::kSimt;
 
   auto run = std::async(std::launch::async, [&] {
@@ -93,7 +94,7 @@ int main(int argc, char** argv) {
   const size_t y_bytes = static_cast<size_t>(m * n * 2);
   if (out == nullptr || std::fwrite(y, 1, y_bytes, out) != y_bytes) return 2;
   std::fclose(out);
-  std::fprintf(stderr, "split %d\n", p.split);
+  std::fprintf(stderr, "variant %d split %d\n", p.variant, p.split);
   std::free(x);
   std::free(q);
   std::free(s_buf);
