@@ -1,11 +1,13 @@
-"""Our kernels described to the oracle (`w4a16-oracle check optimized.specs:triton`)."""
+"""Our kernels described to the oracle (`w4a16-oracle check optimized.specs:triton optimized.specs:skinny`)."""
 
 from __future__ import annotations
 
 import torch
 
+from oracle.cases import Case
 from oracle.kernel_spec import KernelSpec
 
+from . import skinny as skinny_op
 from .triton_w4a16 import w4a16_matmul
 
 
@@ -17,3 +19,17 @@ def _triton(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros: 
 # The M = 1 path scales after an exact dot (no weight rounding), the tensor-core path rounds
 # (q - z) * s once into x.dtype: the latter is the looser bound, so it is declared for all M.
 triton = KernelSpec(name="triton", fn=_triton, weight_layout="kernel", zero_layout="packed")
+
+
+def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+            group_size: int, bias: torch.Tensor | None) -> torch.Tensor:
+    return skinny_op.skinny_matmul(x, weight, scales, zeros, group_size, bias)
+
+
+def _skinny_can_implement(case: Case) -> tuple[bool, str]:
+    return skinny_op.is_available()
+
+
+# Decode only; dequantizes (q - z) * s into x.dtype once, like the Triton tensor-core path.
+skinny = KernelSpec(name="skinny", fn=_skinny, group_sizes=skinny_op.GROUP_SIZES, max_m=skinny_op.MAX_M,
+                         can_implement=_skinny_can_implement)

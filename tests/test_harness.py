@@ -156,3 +156,12 @@ def test_kernels_taking_other_layouts_are_fed_them(layout):
     spec = type(torch_dequant)(name=layout, fn=fn, weight_layout=layout)
     for case in parity_cases("cpu", keep=lambda c: c.m == 3 and c.k == 512):
         assert check_case(spec, case, probes=False).passed, case.id
+
+
+def test_our_kernels_go_through_the_same_path():
+    from optimized import specs
+
+    case = parity_cases("cpu", keep=lambda c: c.m == 1 and c.k == 256 and not c.symmetric)[0]
+    assert check_case(specs.triton, case).passed
+    ok, reason = specs.skinny.supports(case)
+    assert ok == torch.cuda.is_available() and (ok or reason)
