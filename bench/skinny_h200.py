@@ -40,6 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cuda_timing import graph_seconds  # noqa: E402
 from optimized import skinny  # noqa: E402
 from oracle import judge, plain_torch_matmul, probe_weight, random_quantized, reference_matmul, run_probes  # noqa: E402
 from oracle.canonical import QuantizedWeight  # noqa: E402
@@ -282,28 +283,15 @@ def copy_bandwidth(device: str) -> dict:
     return {"bytes_per_s": 2 * (1 << 30) / t, "seconds": t}
 
 
-def graph_time(fns: list[Callable[[], object]], replays: int = REPLAYS) -> float:
-    """Per-call seconds: a CUDA graph of the calls (one per cold copy), median replay / count."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns[:2]:
-            fn()  # warm up outside capture (allocator, lazy init)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    times = []
-    for _ in range(replays + 1):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e-3)
-    del graph
-    return statistics.median(times[1:]) / len(fns)
+def random_packs(k: int, n: int, g: int, symmetric: bool, dtype: torch.dtype, device: str, copies: int) -> list:
+    """`copies` independent (qweight, scales, zeros) kernel-layout weights with random bits, for timing."""
+    packs = []
+    for _ in range(copies):
+        q = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device=device)
+        s = (torch.rand(n, k // g, device=device) * 1e-3 + 1e-4).to(dtype)
+        z = None if symmetric else torch.randint(-2**31, 2**31 - 1, (n // 8, k // g), dtype=torch.int32, device=device)
+        packs.append((q, s, z))
+    return packs
 
 
 def run_timing(cases: list[TimingCase], bandwidth: float, device: str, ms=tuple(range(1, 17))) -> list[dict]:
@@ -315,13 +303,7 @@ def run_timing(cases: list[TimingCase], bandwidth: float, device: str, ms=tuple(
         try:
             weight_bytes = floor_bytes(0, k, n, g, case.symmetric)
             copies = max(2, min(MAX_COPIES, math.ceil(COLD_BYTES / weight_bytes)))
-            packs = []
-            for _ in range(copies):
-                q = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device=device)
-                s = (torch.rand(n, k // g, device=device) * 1e-3 + 1e-4).to(dtype)
-                z = None if case.symmetric else torch.randint(-2**31, 2**31 - 1, (n // 8, k // g), dtype=torch.int32,
-                                                             device=device)
-                packs.append((q, s, z))
+            packs = random_packs(k, n, g, case.symmetric, dtype, device, copies)
             dense = [torch.randn(n, k, device=device).to(dtype)
                      for _ in range(max(2, min(MAX_COPIES, math.ceil(COLD_BYTES / (2 * n * k)))))]
         except Exception as e:  # noqa: BLE001
@@ -334,11 +316,11 @@ def run_timing(cases: list[TimingCase], bandwidth: float, device: str, ms=tuple(
             row = {"case": case.id, "k": k, "n": n, "dtype": case.dtype, "symmetric": case.symmetric, "m": m,
                    "floor_us": floor_s * 1e6, "copies": copies}
             try:
-                dense_s = graph_time([lambda w=w: torch.nn.functional.linear(x, w) for w in dense])
+                dense_s = graph_seconds([lambda w=w: torch.nn.functional.linear(x, w) for w in dense], replays=REPLAYS)
                 row["dense_us"] = dense_s * 1e6
                 for engine in ENGINES:
-                    sec = graph_time([lambda p=p: torch.ops.w4a16.skinny_matmul(x, p[0], p[1], p[2], g, None, engine)
-                                      for p in packs])
+                    sec = graph_seconds([lambda p=p: torch.ops.w4a16.skinny_matmul(x, p[0], p[1], p[2], g, None, engine)
+                                      for p in packs], replays=REPLAYS)
                     row[f"{engine}_us"] = sec * 1e6
                     row[f"{engine}_pct_floor"] = 100 * floor_s / sec
                     row[f"{engine}_speedup_vs_dense"] = dense_s / sec
@@ -464,13 +446,7 @@ def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set
         try:
             weight_bytes = floor_bytes(0, k, n, g, case.symmetric)
             copies = max(VARIANT_MIN_COPIES, min(MAX_COPIES, math.ceil(VARIANT_COLD_BYTES / weight_bytes)))
-            packs = []
-            for _ in range(copies):
-                q = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device=device)
-                s = (torch.rand(n, k // g, device=device) * 1e-3 + 1e-4).to(dtype)
-                z = None if case.symmetric else torch.randint(-2**31, 2**31 - 1, (n // 8, k // g), dtype=torch.int32,
-                                                             device=device)
-                packs.append((q, s, z))
+            packs = random_packs(k, n, g, case.symmetric, dtype, device, copies)
         except Exception as e:  # noqa: BLE001
             rows.append({"case": case.id, "error": repr(e)})
             log(f"[variant timing {i + 1}] {case.id}: setup error {e!r}")
@@ -494,8 +470,8 @@ def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set
                     row["skipped"] = "time budget"
                 else:
                     try:
-                        sec = graph_time([lambda p=p, v=v, engine=engine: torch.ops.w4a16.skinny_matmul(
-                            x, p[0], p[1], p[2], g, None, engine, v) for p in packs], VARIANT_REPLAYS)
+                        sec = graph_seconds([lambda p=p, v=v, engine=engine: torch.ops.w4a16.skinny_matmul(
+                            x, p[0], p[1], p[2], g, None, engine, v) for p in packs], replays=VARIANT_REPLAYS)
                         torch.cuda.synchronize()
                         row["us"] = sec * 1e6
                         row["pct_floor"] = 100 * floor_s / sec

@@ -54,6 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cuda_timing import graph_seconds  # noqa: E402
 from optimized.tile_configs import HOPPER, TileConfig, check_config, fit_config, select_config  # noqa: E402
 from optimized.triton_w4a16 import device_name, w4a16_matmul  # noqa: E402
 from oracle import judge, plain_torch_matmul, random_quantized, reference_matmul, run_probes  # noqa: E402
@@ -292,31 +293,6 @@ def event_seconds(fn: Callable[[], object], reps: int, flush: torch.Tensor | Non
     return statistics.median(times)
 
 
-def graph_seconds(fns: list[Callable[[], object]], calls: int) -> float:
-    """Per-call seconds: a CUDA graph of `calls` calls cycling through `fns` (one per cold weight
-    copy), median replay time / calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns[:2]:
-            fn()  # allocator and lazy init outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    times = []
-    for _ in range(REPLAYS + 1):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e-3)
-    del graph
-    return statistics.median(times[1:]) / calls
-
-
 def copies_for(bytes_per_copy: int) -> int:
     return max(2, min(MAX_COPIES, math.ceil(COLD_BYTES / bytes_per_copy)))
 
@@ -396,7 +372,7 @@ def build_providers(w: QuantizedWeight, shape_id: str, gen: torch.Generator,
 def time_provider(fns: list[Callable], x: torch.Tensor, flush: torch.Tensor) -> dict:
     single = event_seconds(lambda: fns[0](x), reps=5, flush=flush)
     calls = max(len(fns), min(4 * MAX_COPIES, math.ceil(TARGET_REPLAY_S / single)))
-    per_call = graph_seconds([lambda f=f: f(x) for f in fns], calls)
+    per_call = graph_seconds([lambda f=f: f(x) for f in fns], calls, REPLAYS)
     return {"graph_us": per_call * 1e6, "event_us": single * 1e6, "calls": calls}
 
 
@@ -477,7 +453,7 @@ def run_sweep(shapes: list[LinearShape], clock: Clock, bandwidth: float, rate: f
                 row = {"shape": shape.id, "m": m, "config": cfg.id, "source": label}
                 try:
                     fns = triton_calls(kws, cfg)
-                    per_call = graph_seconds([lambda f=f: f(x) for f in fns], max(copies, 32))
+                    per_call = graph_seconds([lambda f=f: f(x) for f in fns], max(copies, 32), REPLAYS)
                     row.update(graph_us=per_call * 1e6, pct_of_floor=100 * floor / (per_call * 1e6))
                 except Exception as e:  # noqa: BLE001
                     row["error"] = error_text(e)
