@@ -1,4 +1,5 @@
-"""`w4a16-oracle`: judge kernels over the parity matrix from the command line."""
+"""`w4a16-oracle`: judge kernels over the parity matrix from the command line, and turn benchmark
+results into a report."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from rich.table import Table
 from .cases import TIERS, parity_cases
 from .check import CaseReport, check_kernel
 from .kernel_spec import KernelSpec
+from .report import write_report
 
 
 def load_spec(target: str) -> KernelSpec:
@@ -89,6 +91,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if any(not r.passed for reports in results.values() for r in reports) else 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    try:
+        path = write_report(args.inputs, args.out, plots=not args.no_plots)
+    except ModuleNotFoundError as e:
+        raise SystemExit(f"report: plots need matplotlib ({e}); pip install 'w4a16-oracle[bench]' or pass --no-plots")
+    except ValueError as e:
+        raise SystemExit(f"report: {e}")
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="w4a16-oracle", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--json", default=None, help="write per-case results here")
     check.add_argument("--show-failures", type=int, default=10)
     check.set_defaults(func=cmd_check)
+    report = sub.add_parser("report", help="pytest-benchmark JSON from tests/benchmarks -> markdown table and plots")
+    report.add_argument("inputs", nargs="+", type=Path, metavar="BENCH.json",
+                        help="pytest --benchmark-json output (several: merged, later files win per cell)")
+    report.add_argument("--out", type=Path, required=True, help="directory for report.md and the PNGs")
+    report.add_argument("--no-plots", action="store_true", help="the markdown only (no matplotlib needed)")
+    report.set_defaults(func=cmd_report)
     args = parser.parse_args(argv)
     return args.func(args)
 

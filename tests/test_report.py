@@ -1,0 +1,81 @@
+"""`w4a16-oracle report` on a synthetic pytest-benchmark JSON: table content, speed-ups, the
+decode proxy, golden outliers, and the PNGs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oracle.cli import main
+
+SHAPE = "llama3.1-8b.qkv-K4096xN6144"
+
+
+def bench(kind: str, provider: str, m: int, us: float, **extra) -> dict:
+    info = {"kind": kind, "provider": provider, "m": m, "dtype": "bf16", "sym": "asym", "median_us": us,
+            "pct_of_floor": 100 * 3.0 / us, "floor_us": 3.0, **extra}
+    if kind == "matmul":
+        info.setdefault("shape", SHAPE)
+    return {"name": f"test_{kind}[{provider}-M{m}]", "extra_info": info, "stats": {"median": us * 1e-6}}
+
+
+def write_json(path: Path, benchmarks: list[dict]) -> Path:
+    machine = {"w4a16": {"gpu": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0",
+                         "roofline": {"bytes_per_s": 4.25e12, "dense_flops": 680e12}}}
+    path.write_text(json.dumps({"machine_info": machine, "benchmarks": benchmarks}))
+    return path
+
+
+@pytest.fixture
+def bench_json(tmp_path: Path) -> Path:
+    rows = [
+        bench("matmul", "dense", 1, 20.0), bench("matmul", "triton", 1, 10.0),
+        bench("matmul", "hybrid", 1, 8.0, hybrid_impl="skinny"),
+        bench("matmul", "dense", 16, 21.0), bench("matmul", "triton", 16, 14.0, golden="slower",
+                                                  golden_detail="14.00 us against band [9.00, 11.00]"),
+        bench("matmul", "hybrid", 16, 7.0, hybrid_impl="skinny", golden="faster", golden_detail="7.00 us below"),
+        bench("matmul", "triton", 4, 12.0, shape="boundary.n8-K4096xN8"),
+        bench("block", "triton", 1, 100.0, model="llama3.1-8b", tokens_per_s=10000.0,
+              hybrid_impl={"qkv": "skinny", "o": "triton"}),
+        bench("block", "dense", 16, 400.0, model="llama3.1-8b", tokens_per_s=40000.0),
+        {"name": "test_unrelated", "extra_info": {}, "stats": {"median": 1.0}},  # not ours: ignored
+    ]
+    return write_json(tmp_path / "bench.json", rows)
+
+
+def test_report_table(bench_json: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    assert main(["report", str(bench_json), "--out", str(out), "--no-plots"]) == 0
+    text = (out / "report.md").read_text()
+    assert "NVIDIA H200" in text and "HBM 4.25 TB/s, dense bf16 680 TFLOP/s" in text
+    assert "| shape | M | floor us | dense | triton | hybrid | hybrid chose |" in text
+    assert f"| {SHAPE} | 1 | 3.00 | 20.00 (15%) | 10.00 (30%) | 8.00 (38%) | skinny |" in text
+    # Speed-up over dense: 20 / 10 and 20 / 8 at M = 1; a shape without dense gets "-".
+    assert f"| {SHAPE} | 1 | 2.00 | 2.50 |" in text
+    assert "| boundary.n8-K4096xN8 | 4 | - | - |" in text
+    assert "| llama3.1-8b | 1 | 10,000 (3%) | - |" in text and "| llama3.1-8b | 16 | - | 40,000 (1%) |" in text
+    assert f"REGRESSION matmul {SHAPE} M=16 bf16 asym triton: 14.00 us against band" in text
+    assert f"IMPROVED matmul {SHAPE} M=16 bf16 asym hybrid" in text
+    assert not list(out.glob("*.png"))
+
+
+def test_report_plots(bench_json: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "report"
+    assert main(["report", str(bench_json), "--out", str(out)]) == 0
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == ["boundary.n8-K4096xN8-bf16-asym.png", f"{SHAPE}-bf16-asym.png"]
+    assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert f"![{SHAPE}]({SHAPE}-bf16-asym.png)" in (out / "report.md").read_text()
+
+
+def test_later_file_wins_and_empty_input_is_an_error(bench_json: Path, tmp_path: Path) -> None:
+    newer = write_json(tmp_path / "newer.json", [bench("matmul", "triton", 1, 5.0), bench("matmul", "dense", 1, 20.0)])
+    out = tmp_path / "merged"
+    main(["report", str(bench_json), str(newer), "--out", str(out), "--no-plots"])
+    assert f"| {SHAPE} | 1 | 3.00 | 20.00 (15%) | 5.00 (60%) | 8.00 (38%) | skinny |" in (out / "report.md").read_text()
+    empty = write_json(tmp_path / "empty.json", [])
+    with pytest.raises(SystemExit, match="no timed tests/benchmarks results"):
+        main(["report", str(empty), "--out", str(tmp_path / "none"), "--no-plots"])
