@@ -5,7 +5,10 @@
 # Parts (default: all but the two *-variants): skinny (build, opcheck, decode parity, timing),
 # skinny-sanitize (memcheck on boundary shapes), triton (full parity matrix, then timing against
 # the peers for the rest of TRITON_BUDGET_S), triton-sanitize, skinny-variants and
-# triton-variants (compare kernel variants / tile candidates, for retuning).
+# triton-variants (compare kernel variants / tile candidates, for retuning); reliability (issue 8:
+# long fuzz run, large indices, determinism; bench/reliability_h200.py), reliability-memcheck and
+# racecheck (its sanitizer sweep of both kernels under memcheck / racecheck, one log per tool and
+# kernel family; racecheck is slow, so it takes the small sweep).
 # gemlite is a peer only when importable: carry its wheel in .whl/ (see bench/README.md).
 set -uo pipefail
 out=${OUT:-bench/results/h200}
@@ -28,6 +31,18 @@ for part in ${PARTS:-skinny skinny-sanitize triton triton-sanitize}; do
     triton-variants) python3 bench/triton_h200.py --sections variants --out "$out" ;;
     triton-sanitize) compute-sanitizer --tool memcheck --error-exitcode 3 python3 bench/triton_h200.py --sanitize \
                        --out "$out" > "$out/triton_sanitize.log" 2>&1; tail -5 "$out/triton_sanitize.log" ;;
+    reliability) python3 bench/reliability_h200.py --out "$out" 2>&1 | tee "$out/reliability_log.txt" ;;
+    reliability-memcheck) compute-sanitizer --tool memcheck --error-exitcode 3 python3 bench/reliability_h200.py \
+                            --sanitize full > "$out/reliability_memcheck.log" 2>&1; rc=$?
+                          tail -5 "$out/reliability_memcheck.log"; (exit $rc) ;;
+    racecheck) rc=0
+               for kernels in skinny,skinny-simt triton; do
+                 log="$out/racecheck_${kernels%%,*}.log"
+                 compute-sanitizer --tool racecheck --error-exitcode 3 python3 bench/reliability_h200.py \
+                   --sanitize small --kernels "$kernels" > "$log" 2>&1 || rc=$?
+                 tail -5 "$log"
+               done
+               (exit $rc) ;;
     *) echo "unknown part $part"; false ;;
   esac || { echo "part $part failed with $?"; status=1; }
 done

@@ -64,8 +64,11 @@ def check_args(x: object, qweight: object, scales: object, zeros: object, group_
     if not qweight.is_contiguous():
         raise ContractError(f"qweight must be contiguous, got strides {list(qweight.stride())}")
     n = qweight.shape[0]
-    if group_size not in group_sizes or isinstance(group_size, bool):
-        raise ContractError(f"group_size must be one of {group_sizes}, got {group_size!r}")
+    # 32.0, a numpy integer or a 0-d tensor compare equal to 32 but would reach the kernel as a
+    # non-constexpr block size: only a Python int is accepted.
+    if type(group_size) is not int or group_size not in group_sizes:
+        raise ContractError(f"group_size must be one of {group_sizes}, got {group_size!r} "
+                            f"({type(group_size).__name__})")
     group = k if group_size == -1 else group_size
     if k % group:
         raise ContractError(f"K must be a multiple of group_size, got K={k}, group_size={group_size}")
@@ -86,7 +89,7 @@ def check_args(x: object, qweight: object, scales: object, zeros: object, group_
         if not isinstance(bias, torch.Tensor) or bias.dtype != x.dtype or tuple(bias.shape) != (n,):
             raise ContractError(f"bias must be {str(x.dtype).removeprefix('torch.')} [N] = [{n}], got {_desc(bias)}")
         if not bias.is_contiguous():
-            raise ContractError("bias must be contiguous")
+            raise ContractError(f"bias must be contiguous, got strides {list(bias.stride())}")
     devices = {t.device for t in (x, qweight, scales, zeros, bias) if isinstance(t, torch.Tensor)}
     if len(devices) > 1:
         raise ContractError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")

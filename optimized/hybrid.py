@@ -44,6 +44,9 @@ def matmul(x: torch.Tensor, w: PreparedWeight, bias: torch.Tensor | None = None,
         raise ContractError(f"w must be a PreparedWeight from optimized.hybrid.prepare(...), got {type(w).__name__}")
     if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != w.k:
         raise ContractError(f"x must be a tensor [..., K] with K={w.k}, got {_desc(x)}")
+    # Checked here as well as in the op: a call with one meta tensor dispatches to the fake
+    # implementation, which would return an empty meta result instead of failing.
+    check_same_device(x, w, bias if isinstance(bias, torch.Tensor) else None)
     lead = x.shape[:-1]
     y = torch.ops.w4a16.matmul(x.reshape(-1, w.k), w.qweight, w.scales, w.zeros, w.group_size, w.n, w.perm,
                                w.dense, bias, dispatch.requested(impl))
@@ -89,6 +92,10 @@ def check_call(x: torch.Tensor, w: PreparedWeight, bias: torch.Tensor | None) ->
         raise ContractError(f"x must be contiguous along K (stride(1) == 1), got strides {list(x.stride())}")
     if bias is not None and (bias.dtype != x.dtype or tuple(bias.shape) != (w.n,)):
         raise ContractError(f"bias must be {str(x.dtype).removeprefix('torch.')} [N] = [{w.n}], got {_desc(bias)}")
+    check_same_device(x, w, bias)
+
+
+def check_same_device(x: torch.Tensor, w: PreparedWeight, bias: torch.Tensor | None) -> None:
     devices = {str(t.device) for t in (x, w.qweight, bias) if t is not None}
     if len(devices) > 1:
         raise ContractError(f"x, the prepared weight and bias must be on one device, got {sorted(devices)}")

@@ -342,6 +342,9 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     Raises ContractError (before any launch) when an argument breaks the contract.
     """
     p = check_args(x, qweight, scales, zeros, group_size, bias)
+    if x.device.type not in ("cpu", "cuda"):  # ROCm devices are "cuda" too
+        raise RuntimeError(f"w4a16_matmul runs on CUDA/ROCm devices, or on CPU under Triton's interpreter; "
+                           f"got tensors on {x.device}")
     if x.device.type == "cpu" and not UNDER_INTERPRETER:
         raise RuntimeError("CPU tensors run only under Triton's interpreter: set TRITON_INTERPRET=1 "
                            "before importing optimized.triton_w4a16")

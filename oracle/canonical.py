@@ -50,6 +50,8 @@ class QuantizedWeight:
         expect(q.dim() == 2, "q", "a 2-D tensor [N, K]", describe(q))
         n, k = q.shape
         expect(n > 0 and k > 0, "q", "non-empty [N, K]", describe(q))
+        # The value checks below need data; a meta tensor would fail inside them unexplained.
+        expect(q.device.type != "meta", "q", "a tensor with data (not on the meta device)", describe(q))
         expect_same_device(q=q, scales=self.scales, zeros=self.zeros, g_idx=self.g_idx)
         g = resolve_group_size(self.group_size, k)
         if self.g_idx is None:

@@ -12,6 +12,7 @@ import torch
 from .cases import Case, make_inputs
 from .diagnose import diagnose
 from .error_model import Verdict, judge
+from .errors import expect
 from .kernel_spec import KernelSpec
 from .probes import ProbeResult, probe_weight, run_probes
 from .reference import plain_torch_matmul, reference_matmul
@@ -86,9 +87,11 @@ def probe_key(case: Case) -> tuple:
 def check_kernel(spec: KernelSpec, cases: Iterable[Case], seed: int = 0, device: str | torch.device = "cpu",
                  on_result: Callable[[CaseReport], None] | None = None) -> list[CaseReport]:
     """Every case the spec supports, each judged; exact probes once per configuration."""
+    expect(isinstance(spec, KernelSpec), "spec", "a KernelSpec describing the kernel", type(spec).__name__)
     probed: set[tuple] = set()
     reports = []
     for case in cases:
+        expect(isinstance(case, Case), "cases", "oracle.cases.Case items (see parity_cases)", type(case).__name__)
         if not spec.supports(case)[0]:
             continue
         key = probe_key(case)

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .canonical import QuantizedWeight
@@ -90,7 +91,10 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: expected a .safetensors file or a directory, found nothing there")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        shard = load_file(file)
+        try:
+            shard = load_file(file)
+        except SafetensorError as err:  # its message names neither the file nor the format
+            raise CheckpointError(f"{file}: expected a safetensors file, could not read it ({err})") from err
         clash = tensors.keys() & shard.keys()
         if clash:
             raise CheckpointError(f"{file}: expected each tensor in one shard, found {sorted(clash)[:3]} twice")

@@ -74,7 +74,7 @@ def _unpacked_zeros_as_packed(x, w, bias):
     the bytes of the float array, read as words, row n at nibble n % 8 of word (n // 8, g)."""
     if w.zeros is None or w.n % 8 or (w.n * w.num_groups) % 2:
         return None
-    raw = w.zeros.to(x.dtype).contiguous().view(torch.int32).flatten()[: (w.n // 8) * w.num_groups]
+    raw = w.zeros.to(x.dtype).flatten().view(torch.int32)[: (w.n // 8) * w.num_groups]
     return x, _weight(w, zeros=nibbles.unpack(raw.reshape(w.n // 8, w.num_groups), 0)), bias
 
 

@@ -134,6 +134,10 @@ def judge(out: torch.Tensor, ref: Reference, *, dequant_dtype: torch.dtype | Non
     if not isinstance(out, torch.Tensor) or out.dtype != ref.y_out.dtype or out.shape != ref.y_out.shape:
         got = describe(out) if isinstance(out, torch.Tensor) else type(out).__name__
         raise LayoutError(f"kernel output: expected {want}, got {got}")
+    if out.device.type == "meta":
+        raise LayoutError(f"kernel output: expected a tensor with data, got {describe(out)}")
+    if dequant_dtype is not None and not (isinstance(dequant_dtype, torch.dtype) and dequant_dtype.is_floating_point):
+        raise LayoutError(f"dequant_dtype: expected None or a floating-point torch.dtype, got {dequant_dtype!r}")
     bounds = error_bounds(ref, dequant_dtype, dequant_roundings)
     err = element_errors(out.to(ref.y.device), ref)
     ratio = err / bounds.tight

@@ -55,6 +55,8 @@ def reference_matmul(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tenso
     Runs on whatever device the inputs are on; chunks over N so peak extra memory stays near
     CHUNK_ELEMENTS values (K = 28672, N = 57344, M = 16 fits easily in 24 GiB).
     """
+    expect(isinstance(weight, QuantizedWeight), "weight", "a QuantizedWeight (convert with oracle.layouts)",
+           type(weight).__name__)
     check_activations(x, weight.k)
     check_bias(bias, weight.n, x.dtype)
     expect_same_device(x=x, q=weight.q, bias=bias)

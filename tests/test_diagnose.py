@@ -31,6 +31,18 @@ def test_each_known_mistake_is_named(convention, dtype):
     assert convention.name in d.summary()
 
 
+def test_unpacked_zeros_misread_is_named_with_an_odd_group_count():
+    """K / G = 3: the float zero array's rows are not whole int32 words, only the whole array is."""
+    g = torch.Generator().manual_seed(2)
+    w = random_quantized(16, 192, 64, False, torch.float16, generator=g)
+    x = torch.randn(2, 192, generator=g).to(torch.float16)
+    convention = next(c for c in CONVENTIONS if c.name == "unpacked_zeros_as_packed")
+    seen = convention.apply(x, w, None)
+    assert seen is not None
+    d = diagnose(reference_matmul(*seen).y_out, x, w, None, dequant_dtype=torch.float16)
+    assert d.explained_by[:1] == [convention.name], d
+
+
 @pytest.mark.parametrize("variant", CORRECT, ids=lambda v: v.name)
 def test_correct_kernels_need_no_explanation(variant):
     x, w, bias = inputs(torch.bfloat16, 1)

@@ -1,0 +1,302 @@
+"""Determinism and batch invariance of every kernel that runs on this machine: the Triton kernel
+(under its interpreter), the skinny kernel (its CPU emulation, csrc/skinny_emu.h) and the oracle
+reference.
+
+Three properties, each checked by one function that the last section proves against planted bugs:
+
+* determinism: repeated calls on the same inputs give the same bits;
+* row independence: row i of the output keeps its bits whatever the other rows of x hold
+  (other random values, huge values, NaN and Inf);
+* M invariance: row i keeps its bits whatever M is, over the M that share one configuration.
+
+What each kernel promises about M (and so what is tested):
+* Triton (optimized/triton_w4a16.py, "Batch invariance"): bit-identical within one M bucket of
+  its tile table; across a bucket edge only within the error bound.
+* skinny (csrc/skinny_core.cuh): deterministic; rows are computed independently, and the variant
+  and split depend on M only through default_variant (regs_s4 for M <= REGS_MAX_M, base above),
+  so M invariance is tested within each of those two ranges.
+* the reference: fp64 torch matmul, row by row independent of M.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from optimized import skinny
+from optimized.tile_configs import INTERPRETED, INTERPRETER, select_config
+from optimized.triton_w4a16 import w4a16_matmul
+from oracle import judge, random_quantized, reference_matmul
+from oracle.canonical import bit_equal
+from oracle.layouts import to_kernel_layout
+from tests.test_skinny_compile import build_emulator, emulate_call
+
+# Other rows filled with NaN and Inf are part of the row-independence check: numpy's warnings
+# about them under the interpreter are noise.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+Run = Callable[[torch.Tensor], torch.Tensor]  # x [M, K] -> y [M, N]
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
+    diff = (a.double() != b.double()) & ~(a.double().isnan() & b.double().isnan())
+    where = diff.nonzero()[:4].tolist()
+    return f"{int(diff.sum())} element(s) differ, first at {where}"
+
+
+def assert_deterministic(run: Run, x: torch.Tensor, repeats: int = 3) -> None:
+    first = run(x)
+    for i in range(2, repeats + 1):
+        again = run(x)
+        assert bit_equal(again, first), f"call {i} differs from call 1: {first_difference(again, first)}"
+
+
+def other_rows(x: torch.Tensor, keep: int, seed: int) -> list[torch.Tensor]:
+    """Copies of x whose rows other than `keep` hold other random values, huge values, and NaN /
+    Inf (a special value must not leak into a row that never saw it)."""
+    gen = torch.Generator().manual_seed(seed)
+    fills = [torch.randn(x.shape, generator=gen), torch.randn(x.shape, generator=gen) * 1000,
+             torch.full(x.shape, float("nan")), torch.full(x.shape, float("inf"))]
+    out = []
+    for fill in fills:
+        y = fill.to(x.dtype)
+        y[keep] = x[keep]
+        out.append(y)
+    return out
+
+
+def assert_rows_independent(run: Run, x: torch.Tensor, keep: int, seed: int = 0) -> None:
+    want = run(x)[keep]
+    for i, x2 in enumerate(other_rows(x, keep, seed)):
+        got = run(x2)[keep]
+        assert bit_equal(got, want), f"row {keep} changed with other rows (filling {i}): {first_difference(got, want)}"
+
+
+def assert_same_rows_for_every_m(run: Run, x: torch.Tensor, ms: tuple[int, ...]) -> None:
+    """run(x[:m]) is the first m rows of run(x[:max(ms)]) for every m in ms."""
+    full = run(x[:max(ms)])
+    for m in ms:
+        got = run(x[:m])
+        assert bit_equal(got, full[:m]), f"M={m} differs from the first {m} rows at M={max(ms)}: " \
+                                         f"{first_difference(got, full[:m])}"
+
+
+def problem(n: int, k: int, group: int, m: int, dtype: torch.dtype, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    w = random_quantized(n, k, group, False, dtype, generator=gen)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    bias = (torch.randn(n, generator=gen) * 0.5).to(dtype)
+    return w, x, bias
+
+
+# ------------------------------------------------------------------------------------------------
+# Triton, under the interpreter
+
+TK, TN, TG = 256, 72, 64
+
+
+def triton_run(dtype: torch.dtype, seed: int = 0) -> tuple[Run, torch.Tensor]:
+    w, x, bias = problem(TN, TK, TG, 129, dtype, seed)
+    kw = to_kernel_layout(w, dtype)
+    return (lambda xx: w4a16_matmul(xx, kw.qweight, kw.scales, kw.zeros, TG, bias)), x
+
+
+def buckets() -> list[tuple[int, int]]:
+    """(first M, last M) of each interpreter-table bucket; the open last one cut at 129."""
+    out, lo = [], 1
+    for max_m, _ in INTERPRETED.buckets:
+        hi = 129 if max_m is None else max_m
+        out.append((lo, hi))
+        lo = hi + 1
+    return out
+
+
+def config_id(m: int) -> str:
+    return select_config(m, TN, TK, TG, INTERPRETER).id
+
+
+# One M per bucket: GEMV with split-K and its reduction kernel, split-K tensor cores, tensor
+# cores, tensor cores with the half-precision dequant.
+TRITON_MS = [lo for lo, _ in buckets()]
+TRITON_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@pytest.mark.parametrize("m, dtype", [pytest.param(m, dtype, id=f"M{m}-{config_id(m)}-{name}")
+                                      for m, (name, dtype) in zip(TRITON_MS, itertools.cycle(TRITON_DTYPES.items()))])
+def test_triton_deterministic(m, dtype):
+    run, x = triton_run(dtype, seed=m)
+    assert_deterministic(run, x[:m])
+
+
+@pytest.mark.parametrize("m, dtype", [pytest.param(m, dtype, id=f"M{m}-{config_id(m)}-{name}")
+                                      for m, (name, dtype) in zip((3, 20, 70), itertools.cycle(TRITON_DTYPES.items()))])
+def test_triton_rows_independent(m, dtype):
+    run, x = triton_run(dtype, seed=m)
+    assert_rows_independent(run, x[:m], keep=m // 2, seed=m)
+
+
+@pytest.mark.parametrize("lo, hi", [pytest.param(lo, hi, id=f"M{lo}-{hi}") for lo, hi in buckets() if hi > lo])
+def test_triton_same_rows_within_a_bucket(lo, hi):
+    """Both ends and the middle of every bucket that holds more than one M."""
+    assert config_id(lo) == config_id(hi)
+    run, x = triton_run(torch.float16, seed=hi)
+    assert_same_rows_for_every_m(run, x, tuple(sorted({lo, (lo + hi) // 2, hi})))
+
+
+@pytest.mark.parametrize("last", [pytest.param(hi, id=f"M{hi}-to-{hi + 1}") for _, hi in buckets()[:-1]])
+def test_triton_across_a_bucket_edge_within_the_hard_bound(last):
+    """Across a bucket edge the promise is only the error bound: the rows computed at M = last and
+    at M = last + 1 each stay within the hard (never flaky) bound of the reference."""
+    w, x, bias = problem(TN, TK, TG, last + 1, torch.bfloat16, seed=last)
+    kw = to_kernel_layout(w, torch.bfloat16)
+    ref = reference_matmul(x[:last], w, bias)
+    for m in (last, last + 1):
+        y = w4a16_matmul(x[:m], kw.qweight, kw.scales, kw.zeros, TG, bias)[:last]
+        v = judge(y, ref, dequant_dtype=torch.bfloat16, criterion="hard")
+        assert v.passed, f"M={m} ({config_id(m)}): {v.summary()}"
+
+
+# ------------------------------------------------------------------------------------------------
+# skinny, on its CPU emulation
+
+SK, SN, SG = 512, 64, 64
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    """The emulation binary, built once per session (tests/test_bad_inputs.py shares it)."""
+    out = tmp_path_factory.getbasetemp() / "skinny_emulator"
+    binary = out / "skinny_emulate"
+    if not binary.exists():
+        out.mkdir(exist_ok=True)
+        build_emulator(out, sanitize=False)
+    return binary
+
+
+def skinny_run(binary, work, engine: str, dtype: torch.dtype, seed: int) -> tuple[Run, torch.Tensor]:
+    w, x, bias = problem(SN, SK, SG, skinny.MAX_M, dtype, seed)
+    kw = to_kernel_layout(w, dtype)
+    return (lambda xx: emulate_call(binary, work, xx, kw, bias, variant=-1, engine=engine)[0]), x
+
+
+ENGINES = {"mma-fp16": ("mma", torch.float16), "simt-bf16": ("simt", torch.bfloat16)}
+# M ranges that run one variant under the default policy.
+VARIANT_RANGES = {"regs_s4": (1, skinny.REGS_MAX_M), "base": (skinny.REGS_MAX_M + 1, skinny.MAX_M)}
+
+
+@pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())
+@pytest.mark.parametrize("m", (1, skinny.MAX_M), ids=lambda m: f"M{m}")
+def test_skinny_deterministic(emulator, tmp_path, engine, dtype, m):
+    run, x = skinny_run(emulator, tmp_path, engine, dtype, seed=m)
+    assert_deterministic(run, x[:m])
+
+
+@pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())
+@pytest.mark.parametrize("variant", VARIANT_RANGES)
+def test_skinny_rows_independent(emulator, tmp_path, engine, dtype, variant):
+    lo, hi = VARIANT_RANGES[variant]
+    run, x = skinny_run(emulator, tmp_path, engine, dtype, seed=hi)
+    assert_rows_independent(run, x[:hi], keep=lo - 1 + (hi - lo) // 2, seed=hi)
+
+
+@pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())
+@pytest.mark.parametrize("variant", VARIANT_RANGES)
+def test_skinny_same_rows_within_a_variant(emulator, tmp_path, engine, dtype, variant):
+    lo, hi = VARIANT_RANGES[variant]
+    assert {skinny.default_variant(m) for m in range(lo, hi + 1)} == {skinny.VARIANTS.index(variant)}
+    run, x = skinny_run(emulator, tmp_path, engine, dtype, seed=lo)
+    assert_same_rows_for_every_m(run, x, tuple(sorted({lo, (lo + hi) // 2, hi})))
+
+
+# ------------------------------------------------------------------------------------------------
+# The oracle reference (its unrounded fp64 y and its rounded y_out)
+
+def reference_run(field: str) -> tuple[Run, torch.Tensor]:
+    w, x, bias = problem(200, 512, 128, 40, torch.bfloat16, seed=5)
+    return (lambda xx: getattr(reference_matmul(xx, w, bias), field)), x
+
+
+@pytest.mark.parametrize("field", ("y", "y_out"))
+def test_reference_deterministic(field):
+    run, x = reference_run(field)
+    assert_deterministic(run, x)
+
+
+@pytest.mark.parametrize("field", ("y", "y_out"))
+def test_reference_rows_independent(field):
+    run, x = reference_run(field)
+    assert_rows_independent(run, x, keep=7)
+
+
+@pytest.mark.parametrize("field", ("y", "y_out"))
+def test_reference_same_rows_for_every_m(field):
+    run, x = reference_run(field)
+    assert_same_rows_for_every_m(run, x, (1, 2, 7, 16, 17, 40))
+
+
+# ------------------------------------------------------------------------------------------------
+# The checks catch real bugs: plain-torch kernels with one planted flaw each.
+
+def planted_problem():
+    w, x, _ = problem(24, 256, 64, 9, torch.float16, seed=11)
+    return w.dequantize(torch.float32), x
+
+
+def exact_rows(w: torch.Tensor) -> Run:
+    """Correct: fp32 products and sums per row, one rounding."""
+    return lambda x: (x.float() @ w.t()).half()
+
+
+def row_coupled(w: torch.Tensor) -> Run:
+    """Bug: a batch statistic (here the mean of all rows) leaks into each row, as a shared
+    workspace or a reduction over the wrong axis would."""
+    return lambda x: (x.float() @ w.t() + 1e-2 * x.float().mean(0).sum()).half()
+
+
+def split_by_m(w: torch.Tensor) -> Run:
+    """Bug: K split into min(M, 4) slices whose partial sums are rounded to fp16, so the rounding
+    of every row depends on how many rows came with it."""
+    def run(x):
+        slices = torch.chunk(torch.arange(x.shape[1]), min(x.shape[0], 4))
+        return sum((x[:, s].float() @ w[:, s].t()).half().float() for s in slices).half()
+    return run
+
+
+def order_by_call(w: torch.Tensor) -> Run:
+    """Bug: fp16 partial sums added in an order that changes from call to call, as atomics do."""
+    calls = itertools.count()
+
+    def run(x):
+        partials = [(x[:, s].float() @ w[:, s].t()).half() for s in torch.chunk(torch.arange(x.shape[1]), 8)]
+        shift = next(calls) % len(partials)
+        total = torch.zeros_like(partials[0])
+        for p in partials[shift:] + partials[:shift]:
+            total = total + p
+        return total
+    return run
+
+
+@pytest.mark.parametrize("check", [
+    pytest.param(lambda run, x: assert_deterministic(run, x), id="deterministic"),
+    pytest.param(lambda run, x: assert_rows_independent(run, x, keep=4), id="rows-independent"),
+    pytest.param(lambda run, x: assert_same_rows_for_every_m(run, x, (1, 2, 3, 9)), id="same-rows-for-every-m"),
+])
+def test_checks_pass_a_correct_kernel(check):
+    w, x = planted_problem()
+    check(exact_rows(w), x)
+
+
+@pytest.mark.parametrize("check, buggy", [
+    pytest.param(lambda run, x: assert_deterministic(run, x), order_by_call, id="deterministic-catches-call-order"),
+    pytest.param(lambda run, x: assert_rows_independent(run, x, keep=4), row_coupled,
+                 id="rows-independent-catches-row-coupling"),
+    pytest.param(lambda run, x: assert_same_rows_for_every_m(run, x, (1, 2, 3, 9)), split_by_m,
+                 id="same-rows-catches-m-dependent-split"),
+])
+def test_checks_catch_a_planted_bug(check, buggy):
+    w, x = planted_problem()
+    with pytest.raises(AssertionError, match="differ|changed"):
+        check(buggy(w), x)
