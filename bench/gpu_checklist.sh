@@ -8,7 +8,9 @@
 # triton-variants (compare kernel variants / tile candidates, for retuning); reliability (issue 8:
 # long fuzz run, large indices, determinism; bench/reliability_h200.py), reliability-memcheck and
 # racecheck (its sanitizer sweep of both kernels under memcheck / racecheck, one log per tool and
-# kernel family; racecheck is slow, so it takes the small sweep).
+# kernel family; racecheck is slow, so it takes the small sweep); hybrid (the hybrid op: opcheck
+# and the full parity matrix in HYBRID_SHARDS processes); bench-decode and bench-prefill (the
+# pytest-benchmark suite, every provider side by side, merged into fixtures/golden/h200.json).
 # gemlite is a peer only when importable: carry its wheel in .whl/ (see bench/README.md).
 set -uo pipefail
 out=${OUT:-bench/results/h200}
@@ -43,6 +45,14 @@ for part in ${PARTS:-skinny skinny-sanitize triton triton-sanitize}; do
                  tail -5 "$log"
                done
                (exit $rc) ;;
+    hybrid) python3 bench/hybrid_h200.py --out "$out" --sections opcheck,parity --shards "${HYBRID_SHARDS:-4}" \
+              --budget-s "${HYBRID_BUDGET_S:-480}" ;;
+    bench-decode|bench-prefill)
+      ms=$([ "$part" = bench-decode ] && echo 1,4,16 || echo 128,1024,4096)
+      cp fixtures/golden/h200.json "$out/golden_h200.json"
+      python3 -m pytest tests/benchmarks/test_matmul.py tests/benchmarks/test_decode_block.py --benchmark-only -q \
+        -p no:cacheprovider --bench-m "$ms" --bench-golden "$out/golden_h200.json" --update-golden \
+        --benchmark-json="$out/${part#bench-}.json" 2>&1 | tee "$out/${part}_log.txt" ;;
     *) echo "unknown part $part"; false ;;
   esac || { echo "part $part failed with $?"; status=1; }
 done

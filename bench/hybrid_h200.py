@@ -22,6 +22,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -35,7 +36,7 @@ if "--dry-run" in sys.argv:
 
 from oracle import random_quantized  # noqa: E402
 from oracle.cases import Case, parity_cases  # noqa: E402
-from oracle.check import check_kernel  # noqa: E402
+from oracle.check import check_case, probe_key  # noqa: E402
 from oracle.shapes import MODEL_SHAPES, LinearShape  # noqa: E402
 from optimized import dispatch, hybrid, skinny, specs  # noqa: E402
 
@@ -174,41 +175,91 @@ def opchecks(device: str) -> list[dict]:
 # parity
 
 
-def parity(cases: list[Case], device: str, deadline: float) -> dict:
-    """Cases past the deadline are counted as not run, never as passed."""
+def weight_key(case: Case) -> tuple:
+    return (case.n, case.k, case.group_size, case.dtype, case.symmetric)
+
+
+def shard_of(cases: list[Case], shards: int) -> dict[tuple, int]:
+    """Whole weights to shards (their cases share one quantized weight), largest first to the
+    least loaded shard; every process computes the same assignment."""
+    work = Counter()
+    for c in cases:
+        work[weight_key(c)] += c.n * c.k
+    load = [0] * shards
+    owner = {}
+    for key, amount in sorted(work.items(), key=lambda kv: (-kv[1], str(kv[0]))):
+        owner[key] = load.index(min(load))
+        load[owner[key]] += amount
+    return owner
+
+
+def parity(cases: list[Case], device: str, deadline: float, shard: int = 0, shards: int = 1) -> dict:
+    """This shard's cases of both specs, one row each; cases past the deadline are counted as not
+    run, never as passed. Exact probes once per weight configuration and spec."""
     results = {}
     platform = dispatch.detect_platform(torch.device(device))
     dense_min_m = dispatch.thresholds_for(platform.name).dense_min_m
     # The dense path is cuBLAS whatever the shape: a few M at and above its threshold cover it.
     dense_ms = {dense_min_m, dense_min_m + 1, 1024, 4096}
     for spec, keep in ((specs.hybrid, lambda c: True), (specs.hybrid_dense, lambda c: c.m in dense_ms)):
-        chosen = Counter()
+        todo = [c for c in cases if keep(c) and spec.supports(c)[0]]
+        owner = shard_of(todo, shards)
+        todo = [c for c in todo if owner[weight_key(c)] == shard]
+        probed: set[tuple] = set()
         rows = []
-
-        def record(report, spec=spec, rows=rows, chosen=chosen):
-            rows.append({"case": report.case_id, "passed": report.passed, "error": report.error,
+        for case in todo:
+            if time.perf_counter() > deadline:
+                break
+            report = check_case(spec, case, seed=0, device=device, probes=probe_key(case) not in probed)
+            probed.add(probe_key(case))
+            rows.append({"case": report.case_id, "impl": choice_for(case, spec is specs.hybrid_dense, device),
+                         "passed": report.passed, "error": report.error, "seconds": round(report.seconds, 4),
                          "worst_ratio": None if report.verdict is None else report.verdict.worst_ratio,
                          "probe_mismatches": None if report.probe is None else report.probe.mismatches,
                          "diagnosis": report.diagnosis})
             if not report.passed:
                 log(f"FAIL {spec.name} {report.case_id}: {report.error or report.diagnosis}")
+        log(f"{spec.name} shard {shard}/{shards}: {len(rows)}/{len(todo)} cases run")
+        results[spec.name] = {"todo": len(todo), "rows": rows}
+    return results
 
-        todo = [c for c in cases if keep(c)]
-        for case in todo:
-            if time.perf_counter() > deadline:
-                break
-            chosen_impl = choice_for(case, spec is specs.hybrid_dense, device)
-            chosen[chosen_impl] += 1
-            start = len(rows)
-            check_kernel(spec, [case], seed=0, device=device, on_result=record)
-            if len(rows) > start:
-                rows[-1]["impl"] = chosen_impl
+
+def summarize(parts: list[dict]) -> dict:
+    """The shards' rows merged per spec, with the counts the report shows."""
+    out = {}
+    for name in parts[0]:
+        rows = [r for p in parts for r in p[name]["rows"]]
+        todo = sum(p[name]["todo"] for p in parts)
         failed = sum(not r["passed"] for r in rows)
         worst = max((r["worst_ratio"] or 0.0 for r in rows), default=0.0)
-        log(f"{spec.name}: {len(rows)} cases, {failed} failed, worst ratio {worst:.3f}, chosen {dict(chosen)}")
-        results[spec.name] = {"cases": len(rows), "not_run": len(todo) - len(rows), "failed": failed, "worst_ratio": worst, "chosen": dict(chosen),
-                              "probe_mismatches": sum(r["probe_mismatches"] or 0 for r in rows), "rows": rows}
-    return results
+        chosen = dict(Counter(r["impl"] for r in rows))
+        log(f"{name}: {len(rows)} cases, {failed} failed, worst ratio {worst:.3f}, chosen {chosen}")
+        out[name] = {"cases": len(rows), "not_run": todo - len(rows), "failed": failed, "worst_ratio": worst,
+                     "chosen": chosen, "probe_mismatches": sum(r["probe_mismatches"] or 0 for r in rows),
+                     "rows": rows}
+    return out
+
+
+def sharded_parity(args: argparse.Namespace) -> list[dict]:
+    """The CPU side (quantizing the random weights, the error model) dominates the parity run, so
+    N processes share the GPU, each with its own weights and 1/N of the CPU threads."""
+    threads = max(1, (os.cpu_count() or 1) // args.shards)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    procs = []
+    for i in range(args.shards):
+        cmd = [sys.executable, __file__, "--out", str(args.out), "--sections", "parity", "--name", f"{args.name}_shard{i}",
+               "--shard", f"{i}/{args.shards}", "--budget-s", str(args.budget_s), "--tier", args.tier]
+        procs.append(subprocess.Popen(cmd + (["--dry-run"] if args.dry_run else []), env=env))
+    for p in procs:
+        p.wait()
+    parts = []
+    for i in range(args.shards):
+        path = args.out / f"{args.name}_shard{i}.json"
+        if not path.exists():
+            raise RuntimeError(f"parity shard {i} wrote no {path} (exit status {procs[i].returncode})")
+        parts.append(json.loads(path.read_text())["parity_shard"])
+        path.unlink()
+    return parts
 
 
 def choice_for(case: Case, dense: bool, device: str) -> str:
@@ -251,6 +302,8 @@ def main() -> int:
     parser.add_argument("--name", default="hybrid_h200", help="output files NAME.json and NAME.md")
     parser.add_argument("--budget-s", type=float, default=520.0, help="parity stops starting cases after this")
     parser.add_argument("--tier", default="full", help="parity tier (oracle.cases.TIERS)")
+    parser.add_argument("--shards", type=int, default=1, help="parity in this many processes sharing the GPU")
+    parser.add_argument("--shard", default="", help=argparse.SUPPRESS)  # I/N: one worker of --shards N
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes")
     args = parser.parse_args()
     deadline = time.perf_counter() + args.budget_s
@@ -273,9 +326,16 @@ def main() -> int:
         status |= not all(o["ok"] for o in result["opcheck"])
     if "parity" in sections:
         cases = parity_cases("cpu", keep=lambda c: c.m <= 33)[:12] if args.dry_run else parity_cases(args.tier)
-        result["parity"] = parity(cases, device, deadline)
-        status |= any(p["failed"] for p in result["parity"].values())
+        if args.shard:
+            i, n = map(int, args.shard.split("/"))
+            result["parity_shard"] = parity(cases, device, deadline, i, n)
+        else:
+            parts = sharded_parity(args) if args.shards > 1 else [parity(cases, device, deadline)]
+            result["parity"] = summarize(parts)
+            status |= any(p["failed"] or p["not_run"] for p in result["parity"].values())
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    if args.shard:
+        return status
     (args.out / f"{args.name}.md").write_text(markdown(result))
     log(markdown(result))
     return status

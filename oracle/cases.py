@@ -89,10 +89,11 @@ def parity_cases(tier: str = "cpu", keep: Callable[[Case], bool] | None = None,
     if batches is not None:
         ms = tuple(batches)
     cases = []
+    # M innermost: consecutive cases share a weight (make_inputs reuses it).
     for shape, g in grid:
-        for m in ms:
-            for dtype in DTYPE_NAMES:
-                for symmetric in (False, True):
+        for dtype in DTYPE_NAMES:
+            for symmetric in (False, True):
+                for m in ms:
                     bias = m % 2 == 1 if tier == "cpu" else not symmetric
                     case = Case(shape, m, dtype, symmetric, g, bias)
                     if case.valid() and (keep is None or keep(case)):
@@ -100,12 +101,27 @@ def parity_cases(tier: str = "cpu", keep: Callable[[Case], bool] | None = None,
     return cases
 
 
+# The last weight make_inputs built, with the generator state after it: a parity run walks the
+# batch sizes of one weight in a row (see parity_cases), and the full tier's largest weights take
+# seconds to quantize on the CPU. Key: (n, k, group_size, symmetric, dtype, kind, seed, device).
+_last_weight: dict[tuple, tuple[QuantizedWeight, torch.Tensor]] = {}
+
+
 def make_inputs(case: Case, seed: int = 0, device: torch.device | str = "cpu") -> CaseInputs:
     """Realistic data: a quantized Gaussian, heavy-tailed or outlier-channel weight (by seed),
-    unit-variance activations, small bias."""
-    g = torch.Generator().manual_seed(seed)
+    unit-variance activations, small bias. The same (case, seed) always gives the same tensors;
+    callers must not modify the weight (the next case of that weight shares it)."""
     kind = WEIGHT_KINDS[seed % len(WEIGHT_KINDS)]
-    w = random_quantized(case.n, case.k, case.group_size, case.symmetric, case.dtype, kind, g)
+    device = torch.device(device)
+    key = (case.n, case.k, case.group_size, case.symmetric, case.dtype, kind, seed, str(device))
+    if key not in _last_weight:
+        g = torch.Generator().manual_seed(seed)
+        w = random_quantized(case.n, case.k, case.group_size, case.symmetric, case.dtype, kind, g)
+        _last_weight.clear()
+        _last_weight[key] = (w.to(device), g.get_state())
+    w, state = _last_weight[key]
+    g = torch.Generator()
+    g.set_state(state)
     x = torch.randn(case.m, case.k, generator=g).to(case.dtype)
     bias = (0.1 * torch.randn(case.n, generator=g)).to(case.dtype) if case.bias else None
-    return CaseInputs(x.to(device), w.to(device), None if bias is None else bias.to(device))
+    return CaseInputs(x.to(device), w, None if bias is None else bias.to(device))

@@ -1,6 +1,5 @@
-"""bench/reliability_h200.py's dry run: every section (fuzz, large indices, determinism, the
-sanitizer sweep) on tiny shapes on CPU, through the same code the H200 run takes. (The Triton
-bench's dry runs are tested in tests/test_triton_kernel.py.)"""
+"""The H200 scripts' dry runs: tiny shapes on CPU through the same code the H200 run takes.
+(The Triton bench's dry runs are tested in tests/test_triton_kernel.py.)"""
 
 import json
 import subprocess
@@ -11,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_reliability_dry_run(tmp_path):
+    """Every section: fuzz, large indices, determinism, the sanitizer sweep."""
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "reliability_h200.py"), "--dry-run", "--out",
                           str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
@@ -26,3 +26,16 @@ def test_reliability_dry_run(tmp_path):
     assert all(r["passed"] for r in result["determinism"])
     assert (tmp_path / "reliability_h200.md").read_text().startswith("# Reliability (issue 8)")
     assert (tmp_path / "fuzz_log.txt").exists()
+
+
+def test_hybrid_parity_dry_run_merges_its_shards(tmp_path):
+    """Two worker processes split the cases by weight; the merged table must hold every case once."""
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "hybrid_h200.py"), "--dry-run", "--out", str(tmp_path),
+                          "--sections", "parity", "--shards", "2"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    parity = json.loads((tmp_path / "hybrid_h200.json").read_text())["parity"]
+    cases = [r["case"] for r in parity["hybrid"]["rows"]]
+    assert len(cases) == len(set(cases)) == parity["hybrid"]["cases"] == 12
+    assert parity["hybrid"]["not_run"] == 0 and parity["hybrid"]["failed"] == 0
+    assert parity["hybrid_dense"]["cases"] >= 1 and set(parity["hybrid_dense"]["chosen"]) == {"dense"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hybrid_h200.json", "hybrid_h200.md"]

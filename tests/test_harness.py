@@ -6,6 +6,7 @@ import torch
 from fixtures import specs
 from oracle import LayoutError
 from oracle.baselines import torch_dequant
+from oracle import cases as cases_module
 from oracle.cases import Case, TIERS, make_inputs, parity_cases
 from oracle.check import check_case, check_kernel
 from oracle.cli import main
@@ -75,6 +76,17 @@ def test_inputs_are_deterministic_per_seed():
     a, b = make_inputs(case, 3), make_inputs(case, 3)
     assert torch.equal(a.x, b.x) and a.weight.equal(b.weight)
     assert not torch.equal(a.x, make_inputs(case, 4).x)
+
+
+def test_reused_weight_gives_the_inputs_a_fresh_one_would():
+    """make_inputs keeps the last weight: its x and bias must not depend on what ran before."""
+    first, second = parity_cases("cpu")[:2]
+    assert (first.n, first.k, first.group_size, first.dtype) == (second.n, second.k, second.group_size, second.dtype)
+    make_inputs(first, 2)
+    reused = make_inputs(second, 2)
+    cases_module._last_weight.clear()
+    fresh = make_inputs(second, 2)
+    assert torch.equal(reused.x, fresh.x) and torch.equal(reused.bias, fresh.bias) and reused.weight.equal(fresh.weight)
 
 
 def test_harness_passes_a_correct_kernel_and_fails_a_buggy_one():
