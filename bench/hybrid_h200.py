@@ -210,6 +210,10 @@ def parity(cases: list[Case], device: str, deadline: float, shard: int = 0, shar
         for case in todo:
             if time.perf_counter() > deadline:
                 break
+            if device == "cuda" and rows and weight_key(case) != weight_key(last):
+                # The shards share the GPU: give back the last weight's cached blocks.
+                torch.cuda.empty_cache()
+            last = case
             report = check_case(spec, case, seed=0, device=device, probes=probe_key(case) not in probed)
             probed.add(probe_key(case))
             rows.append({"case": report.case_id, "impl": choice_for(case, spec is specs.hybrid_dense, device),
@@ -244,7 +248,7 @@ def sharded_parity(args: argparse.Namespace) -> list[dict]:
     """The CPU side (quantizing the random weights, the error model) dominates the parity run, so
     N processes share the GPU, each with its own weights and 1/N of the CPU threads."""
     threads = max(1, (os.cpu_count() or 1) // args.shards)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     procs = []
     for i in range(args.shards):
         cmd = [sys.executable, __file__, "--out", str(args.out), "--sections", "parity", "--name", f"{args.name}_shard{i}",

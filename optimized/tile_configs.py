@@ -106,14 +106,17 @@ T = TileConfig
 # one-group tile); at M = 2..16 a 16-row tensor-core tile with the weight as the A operand
 # (wgmma straight from registers) and half-precision dequant (24% at M = 4 and 16, against 22-23%);
 # for prefill 256x128 tiles, swapped, half dequant (48% of the dense rate, against 42%). The
-# 17..256 buckets were not swept.
+# 17..256 buckets were not swept; they take the swapped, half-dequant path too, because Triton
+# 3.6 (the H200 image's) fails to compile the plain path ("Illegal shared layout") for several
+# of their tiles at G = 32 and for 64x128x32 tiles at any G, while the swapped path compiles for
+# every bucket and group size (tests/test_triton_kernel.py compiles them with that Triton).
 HOPPER = TileTable("hopper", target_programs=4 * 132, buckets=(
     (1, T(1, 64, 512, split_k=8, num_warps=4, num_stages=1)),
     (16, T(16, 128, 128, split_k=8, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
-    (32, T(32, 64, 128, split_k=4, num_warps=4, num_stages=4)),
-    (64, T(64, 64, 128, split_k=2, num_warps=4, num_stages=3)),
-    (128, T(64, 128, 64, num_warps=4, num_stages=4)),
-    (256, T(128, 128, 64, num_warps=8, num_stages=3)),
+    (32, T(32, 64, 128, split_k=4, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
+    (64, T(64, 64, 128, split_k=2, num_warps=4, num_stages=3, path="dot_swap", dequant="half")),
+    (128, T(64, 128, 64, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
+    (256, T(128, 128, 64, num_warps=8, num_stages=3, path="dot_swap", dequant="half")),
     (None, T(256, 128, 64, num_warps=8, num_stages=3, path="dot_swap", dequant="half")),
 ))
 

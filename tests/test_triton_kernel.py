@@ -390,14 +390,18 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
     backend, arch, warp = target.split(":")
     gpu = GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))
     if which == "variants":
-        configs = [cfg for cfgs in bench_module().VARIANT_CANDIDATES.values() for cfg in cfgs]
-        dtypes, group, bias = ("bf16",), 128, False
+        configs = [(cfg, 128) for cfgs in bench_module().VARIANT_CANDIDATES.values() for cfg in cfgs]
+        dtypes, bias = ("bf16",), False
     else:
-        configs = [cfg for _, cfg in (HOPPER if backend == "cuda" else GENERIC).buckets]
-        dtypes, group, bias = ("fp16", "bf16"), 128, True
+        # Each bucket as select_config fits it to every group size (K-tile, groups per tile), on a
+        # shape big enough to keep its split: the kernels a launch compiles.
+        table = HOPPER if backend == "cuda" else GENERIC
+        configs = sorted({(fit_config(cfg, 8192, 8192, group, table.target_programs, table.split_below), group)
+                          for _, cfg in table.buckets for group in (32, 64, 128, 8192)}, key=str)
+        dtypes, bias = ("fp16", "bf16"), True
     ints = {"M", "N", "K", "stride_xm", "stride_qn", "stride_gn", "TILES_PER_GROUP", "TILES_PER_SPLIT", "splits"}
     failures = []
-    for cfg, dtype in product(configs, dtypes):
+    for (cfg, group), dtype in product(configs, dtypes):
         for partials in sorted({False, cfg.split_k > 1}):
             kernels = [(triton_w4a16._w4a16_kernel,
                         triton_w4a16.kernel_constexprs(cfg, group, partials, True, bias, False))]
@@ -412,7 +416,7 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
                 # What a launch on real shapes specializes: aligned pointers, N, K and strides % 16 == 0.
                 aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
                            if sig[a].startswith("*") or a in ("N", "K", "stride_xm", "stride_qn", "stride_gn")}
-                name = f"{fn.__name__} {cfg.id} {dtype}{' partials' if partials else ''}"
+                name = f"{fn.__name__} {cfg.id} G{group} {dtype}{' partials' if partials else ''}"
                 try:
                     compiled = triton.compile(ASTSource(fn, sig, constexprs, aligned), target=gpu,
                                               options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
@@ -429,16 +433,30 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
         sys.exit("\n".join(failures))
 
 
-def _compile_in_subprocess(target: str, backend: str, which: str):
-    if backend not in triton.backends.backends:
-        reason = f"this triton build has no {backend} backend"
-        if os.environ.get("W4A16_REQUIRE_COMPILERS") == "1":
-            pytest.fail(f"{reason}, and W4A16_REQUIRE_COMPILERS=1 requires it")
-        pytest.skip(reason)
+# The H200 image runs Triton 3.6.0 (DESIGN.md), whose compiler rejects tiles this one accepts:
+# .ci/run installs it into this folder, apart from the Triton the tests import.
+H200_TRITON_ENV = "W4A16_H200_TRITON"
+H200_TRITON_VERSION = "3.6.0"
+
+
+def _require(condition: bool, reason: str) -> None:
+    if condition:
+        return
+    if os.environ.get("W4A16_REQUIRE_COMPILERS") == "1":
+        pytest.fail(f"{reason}, and W4A16_REQUIRE_COMPILERS=1 requires it")
+    pytest.skip(reason)
+
+
+def _compile_in_subprocess(target: str, backend: str, which: str, site: str | None = None):
+    """site: a folder holding another Triton, put first on the path (its backends are checked there)."""
+    if site is None:
+        _require(backend in triton.backends.backends, f"this triton build has no {backend} backend")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", f"from tests.test_triton_kernel import aot_compile_tables as f; "
-                          f"f({target!r}, {which!r})"], cwd=Path(__file__).resolve().parents[1], env=env,
-                         capture_output=True, text=True, timeout=600)
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (site, env.get("PYTHONPATH"))))
+    run = subprocess.run([sys.executable, "-c", "import triton; print('triton', triton.__version__); "
+                          f"from tests.test_triton_kernel import aot_compile_tables as f; f({target!r}, {which!r})"],
+                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return run
 
@@ -447,8 +465,17 @@ def _compile_in_subprocess(target: str, backend: str, which: str):
                          ids=("sm90", "gfx942"))
 def test_gpu_tables_compile_for_real_targets(target, backend):
     """The kernels as a GPU compiles them (layouts, tl.dot shapes, register allocation): Hopper
-    and CDNA3 code for every table config, built on this CPU-only machine."""
+    and CDNA3 code for every table config and group size, built on this CPU-only machine."""
     _compile_in_subprocess(target, backend, "tables")
+
+
+def test_hopper_table_compiles_with_the_h200_triton():
+    """The same for sm_90 with the Triton the H200 runs: its 3.6 compiler failed on plain-path
+    tiles (64x64x128 at G = 32) that newer Triton builds, which only the H200 showed."""
+    site = os.environ.get(H200_TRITON_ENV)
+    _require(bool(site), f"${H200_TRITON_ENV} names no folder holding triton=={H200_TRITON_VERSION}")
+    run = _compile_in_subprocess("cuda:90:32", "nvidia", "tables", site)
+    assert run.stdout.startswith(f"triton {H200_TRITON_VERSION}\n"), run.stdout[:200]
 
 
 def test_h200_variant_candidates_compile_for_sm90():
