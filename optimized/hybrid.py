@@ -37,7 +37,7 @@ def matmul(x: torch.Tensor, w: PreparedWeight, bias: torch.Tensor | None = None,
     w:    a PreparedWeight from `prepare`.
     bias: w.dtype [N] or None.
     impl: "auto" (default), or "dense", "skinny", "triton", "torch" to force one; None reads
-          $W4A16_IMPL.
+          $W4A16_IMPL (under torch.compile, once, when the call is traced: set it before).
     Returns w.dtype [..., N], contiguous; fp32 accumulation in every implementation.
     """
     if not isinstance(w, PreparedWeight):

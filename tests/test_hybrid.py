@@ -632,15 +632,6 @@ def test_compiled_matmul_equals_eager(monkeypatch, lead, impl):
 
 
 THRESHOLDS = sorted(dispatch.THRESHOLDS_DIR.glob("*.json"))
-# Strict: when the file is fixed, the XPASS tells whoever fixed it to drop the mark.
-STALE_CITATIONS = {"default.json": "cites bench/dispatch_h200.py, which does not exist (bench/hybrid_h200.py does)"}
-
-
-def thresholds_params(paths):
-    return [pytest.param(p, id=p.name, marks=[pytest.mark.xfail(strict=True, reason=STALE_CITATIONS[p.name])]
-                         if p.name in STALE_CITATIONS else []) for p in paths]
-
-
 def strings_in(value) -> list[str]:
     if isinstance(value, str):
         return [value]
@@ -678,7 +669,7 @@ def test_each_named_device_resolves_to_its_file(path):
                                                              data["skinny_max_m"], data["dense_min_m"])
 
 
-@pytest.mark.parametrize("path", thresholds_params(THRESHOLDS))
+@pytest.mark.parametrize("path", THRESHOLDS, ids=lambda p: p.name)
 def test_thresholds_cite_paths_that_exist(path):
     cited = sorted({m for s in strings_in(json.loads(path.read_text()))
                     for m in re.findall(r"\b(?:bench|optimized|oracle|tests|docs|fixtures)/[\w./-]*\w", s)})
