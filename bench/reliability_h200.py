@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.skinny_h200 import environment, reference_stand_in  # noqa: E402
 from optimized import skinny  # noqa: E402
-from optimized.tile_configs import table_for  # noqa: E402
+from optimized.tile_configs import select_config, table_for  # noqa: E402
 from optimized.triton_w4a16 import device_name, w4a16_matmul  # noqa: E402
 from oracle import QuantizedWeight, judge, reference_matmul  # noqa: E402
 from oracle.layouts import nibbles  # noqa: E402
@@ -255,10 +255,13 @@ def sampled_indices(m: int, n: int, k: int, limits: tuple[int, ...], gen: torch.
     return sorted(rows), sorted(cols)
 
 
-def shape_bytes(s: LargeShape, m: int) -> int:
-    """Device bytes of one call: weight, scales, zeros, x, y, the poison buffer (y again) and a
-    split-K workspace (at most 8 fp32 partials of y)."""
-    return s.n * s.k // 2 + s.n * (s.k // s.group_size) * 3 + m * s.k * 2 + m * s.n * (2 + 2 + 32)
+def shape_bytes(s: LargeShape, m: int, device: torch.device) -> int:
+    """Device bytes of one call at its largest M: weight, scales, zeros, x, y (the poison buffer is
+    freed before the call and comes back as y), the non-finite mask of y, and the split-K fp32
+    workspace of the Triton config that M gets (a tensor-core M never splits as wide as M = 1)."""
+    cfg = select_config(m, s.n, s.k, s.k if s.group_size == -1 else s.group_size, device_name(device))
+    workspace = m * s.n * 4 * cfg.split_k if cfg.split_k > 1 else 0
+    return s.n * s.k // 2 + s.n * (s.k // s.group_size) * 3 + m * s.k * 2 + m * s.n * (2 + 1) + workspace
 
 
 def check_large(fn: Kernel, s: LargeShape, m: int, x: torch.Tensor, p: Packed, plan: Plan, gen: torch.Generator) -> dict:
@@ -289,8 +292,9 @@ def run_large(plan: Plan, fns: dict[str, Kernel]) -> list[dict]:
         row = {"shape": s.name, "n": s.n, "k": s.k, "dtype": s.dtype, "symmetric": s.symmetric}
         if plan.device == "cuda":
             free = torch.cuda.mem_get_info()[0]
-            if shape_bytes(s, top) > 0.9 * free:
-                results.append({**row, "skipped": f"needs ~{shape_bytes(s, top) / 2**30:.1f} GiB, "
+            need = shape_bytes(s, top, torch.device(plan.device))
+            if need > 0.9 * free:
+                results.append({**row, "skipped": f"needs ~{need / 2**30:.1f} GiB, "
                                                   f"{free / 2**30:.1f} GiB free"})
                 log(f"[large] {s.name}: skipped, {results[-1]['skipped']}")
                 continue
