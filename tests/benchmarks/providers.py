@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -47,8 +48,8 @@ class Provider:
     dequant_dtype:   True when the implementation rounds W into the activation dtype (the judge's
                      u_w); False when its dequantization is exact (fp32).
     roundings:       c_w, roundings in its dequant chain (2 for q * s + (-z * s) and float zeros).
-    dtypes, groups:  what it accepts (None: any); max_m: largest M it takes (None: any);
-                     k_multiple: K must be a multiple of it.
+    dtypes, groups:  what it accepts (None: any); min_m, max_m: the M range it is timed over
+                     (max_m None: any); k_multiple: K must be a multiple of it.
     cpu:             runs on CPU tensors (the smoke run without a GPU).
     kernel:          an inference path, so part of the decode-block proxy (the oracle is not).
     module:          an optional module it needs: cells skip with the reason when it is absent.
@@ -61,6 +62,7 @@ class Provider:
     roundings: int = 1
     dtypes: tuple[str, ...] = tuple(DTYPES)
     groups: tuple[int, ...] | None = None
+    min_m: int = 1
     max_m: int | None = None
     k_multiple: int = 8
     cpu: bool = True
@@ -70,7 +72,7 @@ class Provider:
     def valid(self, shape: LinearShape, m: int, dtype: str) -> bool:
         """Whether (shape, M, dtype) is a combination this provider is defined for."""
         group = shape.k if shape.group_size == -1 else shape.group_size
-        return (dtype in self.dtypes and (self.max_m is None or m <= self.max_m)
+        return (dtype in self.dtypes and m >= self.min_m and (self.max_m is None or m <= self.max_m)
                 and (self.groups is None or group in self.groups) and shape.k % self.k_multiple == 0)
 
     def missing(self) -> str | None:
@@ -109,9 +111,10 @@ def build_skinny(w: QuantizedWeight, dtype: torch.dtype) -> Call:
 class HybridCall:
     """One prepared copy for the hybrid op; `chosen(m)` says which implementation it runs at M."""
 
-    def __init__(self, w: QuantizedWeight, dtype: torch.dtype, package: str = "optimized") -> None:
+    def __init__(self, w: QuantizedWeight, dtype: torch.dtype, package: str = "optimized",
+                 dense_cache: bool = False) -> None:
         self.hybrid = importlib.import_module(f"{package}.hybrid")
-        self.prepared = self.hybrid.prepare(w, dtype)
+        self.prepared = self.hybrid.prepare(w, dtype, dense_cache=dense_cache)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.hybrid.matmul(x, self.prepared)
@@ -187,6 +190,11 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
     Provider("triton", build_triton, w4_weight_bytes),
     Provider("skinny", build_skinny, w4_weight_bytes, groups=(32, 64, 128), max_m=16, cpu=False),
     Provider("hybrid", HybridCall, w4_weight_bytes, module="optimized.hybrid"),
+    # prepare(..., dense_cache=True): the dense GEMM from dense_min_m on. Below skinny's M limit it
+    # runs what "hybrid" runs, so it is timed above it only; its copies are sized (and its GB/s
+    # counted) by the dense weight, which its prefill calls read.
+    Provider("hybrid_dense", partial(HybridCall, dense_cache=True), lambda k, n, g, sym: 2 * k * n, min_m=17,
+             module="optimized.hybrid"),
     Provider("dense", build_dense, lambda k, n, g, sym: 2 * k * n),
     Provider("dequant_dense", build_dequant_dense, w4_weight_bytes),
     # Float zero in the weight domain: q * s + zero, two roundings.

@@ -46,11 +46,13 @@ def test_selection_values_prefer_option_then_environment(monkeypatch) -> None:
 
 def test_smoke_and_block_matrices() -> None:
     cpu = smoke_matrix(tuple(matrix.PROVIDERS), gpu=False)
-    assert {c.provider for c in cpu} == {"oracle", "triton", "hybrid", "dense", "dequant_dense"}
+    assert {c.provider for c in cpu} == {"oracle", "triton", "hybrid", "hybrid_dense", "dense", "dequant_dense"}
     assert {c.provider for c in smoke_matrix(tuple(matrix.PROVIDERS), gpu=True)} == set(matrix.PROVIDERS)
     timed = block_matrix(tuple(matrix.PROVIDERS), timing=True, gpu=True)
     assert {(b.model, b.m) for b in timed} == {(m, n) for m in matrix.LLAMA for n in (1, 16)}
     assert "oracle" not in {b.provider for b in timed}  # a reference, not an inference path
+    # Below skinny's M limit the dense cache changes nothing: timed only above it.
+    assert {c.m for c in cpu if c.provider == "hybrid_dense"} == {33} and "hybrid_dense" not in {b.provider for b in timed}
     assert timed[0].id == "llama3.1-8b-block-M1-triton"
     assert [s.layer for s in timed[0].layers] == ["qkv", "o", "gate_up", "down"]
     assert {b.model for b in block_matrix(("triton",), timing=False, gpu=False)} == {"smoke"}
