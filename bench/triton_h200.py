@@ -23,8 +23,8 @@
 (d) Variants (only when asked for): every candidate of VARIANT_CANDIDATES (tile shapes, K-tiles
     of several quant groups, multi-row GEMV, swapped tensor-core operands, half dequant) is first
     checked for correctness in a child process (2 small cases judged by the oracle, bit-exact
-    repeat), then timed like (b) on four large shapes at M = 1, 4, 16 (decode candidates) or
-    M = 4096 (prefill candidates) next to dense cuBLAS and tinygemm; writes
+    repeat), then timed like (b) on four large shapes at M = 1, 4, 16 (decode candidates),
+    32..256 (mid) or 4096 (prefill) next to dense cuBLAS and tinygemm; writes
     DIR/triton_variants.json and .md and prints the table and the best candidates per M.
 
 Each section has a share of --budget-s and records the cells it had no time for; every cell
@@ -497,8 +497,8 @@ def best_per_bucket(rows: list[dict]) -> dict:
 # (d) Variants: candidate tile configs and kernel paths, checked in subprocesses, timed here
 
 V = TileConfig
-# Decode candidates run at every VARIANT_DECODE_M; prefill candidates at VARIANT_PREFILL_M. The
-# first of each group is the current HOPPER-table config (the baseline). split_k is an upper
+# Each group of candidates runs at its VARIANT_M. The first of each group is the current
+# HOPPER-table config (mid: the first four, one per bucket), the baseline. split_k is an upper
 # bound: `fit_config` with HOPPER's target_programs and SPLIT_BELOW picks the split per shape.
 VARIANT_CANDIDATES: dict[str, tuple[TileConfig, ...]] = {
     "decode": (
@@ -526,6 +526,22 @@ VARIANT_CANDIDATES: dict[str, tuple[TileConfig, ...]] = {
         V(16, 128, 256, 8, 8, 3, path="dot_swap", dequant="half"),
         V(16, 64, 256, 8, 4, 2, path="dot_swap", dequant="half"),
     ),
+    # M = 17..256, the weakest range on the H200 (8-26% of the floor at M = 128, below gemlite).
+    # The table's 32, 64, 128 and 256 bucket configs first, then more programs per SM (narrower
+    # N-tiles, split-K) and deeper K-tiles, all on the swapped half-dequant path, which Triton 3.6
+    # compiles at every group size.
+    "mid": (
+        V(32, 64, 128, 4, 4, 4, path="dot_swap", dequant="half"),
+        V(64, 64, 128, 2, 4, 3, path="dot_swap", dequant="half"),
+        V(64, 128, 64, 1, 4, 4, path="dot_swap", dequant="half"),
+        V(128, 128, 64, 1, 8, 3, path="dot_swap", dequant="half"),
+        V(64, 64, 128, 4, 4, 3, path="dot_swap", dequant="half"),
+        V(64, 128, 128, 2, 4, 3, path="dot_swap", dequant="half"),
+        V(128, 64, 128, 2, 4, 3, path="dot_swap", dequant="half"),
+        V(128, 128, 64, 2, 8, 3, path="dot_swap", dequant="half"),
+        V(32, 64, 256, 4, 4, 3, path="dot_swap", dequant="half"),
+        V(128, 128, 128, 1, 8, 3, path="dot_swap", dequant="half"),
+    ),
     "prefill": (
         V(128, 128, 64, 1, 8, 4),
         V(128, 128, 128, 1, 8, 3, dequant="half"),
@@ -537,18 +553,19 @@ VARIANT_CANDIDATES: dict[str, tuple[TileConfig, ...]] = {
     ),
 }
 VARIANT_SHAPES = ((4096, 28672), (8192, 57344), (28672, 8192), (8192, 10240))  # (K, N)
-VARIANT_M = {"decode": (1, 4, 16), "prefill": (4096,)}
+VARIANT_M = {"decode": (1, 4, 16), "mid": (32, 64, 128, 256), "prefill": (4096,)}
 # Peers timed per shape: tinygemm only at decode M (it is a GEMV kernel).
-VARIANT_PEERS = {"dense": (1, 4, 16, 4096), "tinygemm": (1, 4, 16)}
+VARIANT_PEERS = {"dense": (1, 4, 16, 32, 64, 128, 256, 4096), "tinygemm": (1, 4, 16)}
 SPLIT_BELOW = 2 * 132  # no split-K once the N-tiles are twice the H200's SMs
 # Correctness before timing, bf16 asymmetric without bias (the timed specialization, so the check
 # compiles what the timing runs): (K, N, M, force no split). N is a multiple of 16 (as every timed
 # N, so Triton specializes the same way) but of no tile width.
 VARIANT_CHECKS = {"decode": ((2048, 1040, 3, False), (1024, 2064, 16, True)),
+                  "mid": ((2048, 1040, 33, False), (1024, 2064, 200, True)),
                   "prefill": ((2048, 1040, 300, False), (1024, 2064, 1000, True))}
 # The dry run checks a few candidates through the interpreter on tiny shapes (K = 2 block_k).
-DRY_CHECKS = {"decode": ((80, 3, False), (48, 16, True)), "prefill": ((80, 40, False), (48, 20, True))}
-DRY_CANDIDATES = (("decode", 7), ("decode", 16), ("prefill", 4))
+DRY_CHECKS = {"decode": ((80, 3, False), (48, 16, True)), "mid": ((80, 20, False), (48, 33, True)), "prefill": ((80, 40, False), (48, 20, True))}
+DRY_CANDIDATES = (("decode", 7), ("decode", 16), ("mid", 2), ("prefill", 4))
 CHECK_WORKERS = 8
 CHECK_TIMEOUT_S = 150.0
 VARIANTS_CHECK_SHARE = 0.45  # of the variants budget, at most, for the checks
