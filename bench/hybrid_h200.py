@@ -12,7 +12,8 @@ crossover: per-call time (CUDA graph of back-to-back calls on rotated cold weigh
 opcheck:   torch.library.opcheck of w4a16::matmul for each implementation, and a fullgraph
            torch.compile of a function calling it.
 parity:    the full fixtures matrix (oracle.cases "full" tier) through optimized.specs.hybrid, plus
-           the prefill cases through hybrid_dense; each case's chosen implementation recorded.
+           the prefill cases through hybrid_dense and the G = 32 / 64 decode cases through
+           optimized.specs.triton; each case's chosen implementation recorded.
 """
 
 from __future__ import annotations
@@ -194,14 +195,21 @@ def shard_of(cases: list[Case], shards: int) -> dict[tuple, int]:
 
 
 def parity(cases: list[Case], device: str, deadline: float, shard: int = 0, shards: int = 1) -> dict:
-    """This shard's cases of both specs, one row each; cases past the deadline are counted as not
+    """This shard's cases of each spec pass, one row each; cases past the deadline are counted as not
     run, never as passed. Exact probes once per weight configuration and spec."""
     results = {}
     platform = dispatch.detect_platform(torch.device(device))
     dense_min_m = dispatch.thresholds_for(platform.name).dense_min_m
     # The dense path is cuBLAS whatever the shape: a few M at and above its threshold cover it.
     dense_ms = {dense_min_m, dense_min_m + 1, 1024, 4096}
-    for spec, keep in ((specs.hybrid, lambda c: True), (specs.hybrid_dense, lambda c: c.m in dense_ms)):
+    passes = (
+        (specs.hybrid, lambda c: True, lambda c: choice_for(c, False, device)),
+        (specs.hybrid_dense, lambda c: c.m in dense_ms, lambda c: choice_for(c, True, device)),
+        # Where the hybrid op sends decode at G = 32 / 64 to skinny, Triton's own decode path would
+        # otherwise run only on CPU (bench/triton_h200.py's parity is G = 128).
+        (specs.triton, lambda c: c.m <= skinny.MAX_M and c.group_size in (32, 64), lambda c: "triton"),
+    )
+    for spec, keep, impl_of in passes:
         todo = [c for c in cases if keep(c) and spec.supports(c)[0]]
         owner = shard_of(todo, shards)
         todo = [c for c in todo if owner[weight_key(c)] == shard]
@@ -216,7 +224,7 @@ def parity(cases: list[Case], device: str, deadline: float, shard: int = 0, shar
             last = case
             report = check_case(spec, case, seed=0, device=device, probes=probe_key(case) not in probed)
             probed.add(probe_key(case))
-            rows.append({"case": report.case_id, "impl": choice_for(case, spec is specs.hybrid_dense, device),
+            rows.append({"case": report.case_id, "impl": impl_of(case),
                          "passed": report.passed, "error": report.error, "seconds": round(report.seconds, 4),
                          "worst_ratio": None if report.verdict is None else report.verdict.worst_ratio,
                          "probe_mismatches": None if report.probe is None else report.probe.mismatches,

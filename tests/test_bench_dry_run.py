@@ -38,4 +38,5 @@ def test_hybrid_parity_dry_run_merges_its_shards(tmp_path):
     assert len(cases) == len(set(cases)) == parity["hybrid"]["cases"] == 12
     assert parity["hybrid"]["not_run"] == 0 and parity["hybrid"]["failed"] == 0
     assert parity["hybrid_dense"]["cases"] >= 1 and set(parity["hybrid_dense"]["chosen"]) == {"dense"}
+    assert parity["triton"]["cases"] >= 1 and parity["triton"]["failed"] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hybrid_h200.json", "hybrid_h200.md"]
