@@ -41,7 +41,7 @@ from oracle.layouts import (
     zero_points_from_float,
     zero_points_to_float,
 )
-from tests.test_skinny_compile import build_emulator, emulate_call
+from tests.test_skinny_compile import emulate_call
 
 # NaN and Inf inputs are the point here: numpy's warnings about them under the interpreter are noise.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -643,17 +643,6 @@ def test_triton_nonfinite_like_reference(m, dtype, where, value):
                                     reference_matmul(x, w).y_out)
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    """The skinny kernel's CPU emulation (csrc/skinny_emulate.cpp), built once per session."""
-    out = tmp_path_factory.getbasetemp() / "skinny_emulator"
-    binary = out / "skinny_emulate"
-    if not binary.exists():
-        out.mkdir(exist_ok=True)
-        build_emulator(out, sanitize=False)
-    return binary
-
-
 # (engine, M, dtype): tensor-core and CUDA-core engines, the register-ring variant (M <= 8) and
 # the base variant (M > 8) under the default policy.
 SKINNY_PATHS = (("mma", 1, torch.float16), ("simt", 1, torch.bfloat16), ("mma", 12, torch.bfloat16))
@@ -663,9 +652,9 @@ SKINNY_PATHS = (("mma", 1, torch.float16), ("simt", 1, torch.bfloat16), ("mma", 
     pytest.param(engine, m, dtype, where, value, id=f"{engine}-M{m}-{str(dtype)[6:]}-{name}-in-{where}")
     for engine, m, dtype in SKINNY_PATHS for where in ("x", "scale") for name, value in SPECIALS.items()
 ])
-def test_skinny_emulated_nonfinite_like_reference(emulator, tmp_path, engine, m, dtype, where, value):
+def test_skinny_emulated_nonfinite_like_reference(plain_emulator, tmp_path, engine, m, dtype, where, value):
     x, w = planted(where, value, m, 64, 256, 64, dtype, seed=m)
-    y, _ = emulate_call(emulator, tmp_path, x, to_kernel_layout(w, dtype), None, variant=-1, engine=engine)
+    y, _ = emulate_call(plain_emulator, tmp_path, x, to_kernel_layout(w, dtype), None, variant=-1, engine=engine)
     assert_nonfinite_like_reference(y, reference_matmul(x, w).y_out)
 
 

@@ -32,7 +32,7 @@ from optimized.triton_w4a16 import w4a16_matmul
 from oracle import judge, random_quantized, reference_matmul
 from oracle.canonical import bit_equal
 from oracle.layouts import to_kernel_layout
-from tests.test_skinny_compile import build_emulator, emulate_call
+from tests.test_skinny_compile import emulate_call
 
 # Other rows filled with NaN and Inf are part of the row-independence check: numpy's warnings
 # about them under the interpreter are noise.
@@ -165,17 +165,6 @@ def test_triton_across_a_bucket_edge_within_the_hard_bound(last):
 SK, SN, SG = 512, 64, 64
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    """The emulation binary, built once per session (tests/test_bad_inputs.py shares it)."""
-    out = tmp_path_factory.getbasetemp() / "skinny_emulator"
-    binary = out / "skinny_emulate"
-    if not binary.exists():
-        out.mkdir(exist_ok=True)
-        build_emulator(out, sanitize=False)
-    return binary
-
-
 def skinny_run(binary, work, engine: str, dtype: torch.dtype, seed: int) -> tuple[Run, torch.Tensor]:
     w, x, bias = problem(SN, SK, SG, skinny.MAX_M, dtype, seed)
     kw = to_kernel_layout(w, dtype)
@@ -189,25 +178,25 @@ VARIANT_RANGES = {"regs_s4": (1, skinny.REGS_MAX_M), "base": (skinny.REGS_MAX_M 
 
 @pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())
 @pytest.mark.parametrize("m", (1, skinny.MAX_M), ids=lambda m: f"M{m}")
-def test_skinny_deterministic(emulator, tmp_path, engine, dtype, m):
-    run, x = skinny_run(emulator, tmp_path, engine, dtype, seed=m)
+def test_skinny_deterministic(plain_emulator, tmp_path, engine, dtype, m):
+    run, x = skinny_run(plain_emulator, tmp_path, engine, dtype, seed=m)
     assert_deterministic(run, x[:m])
 
 
 @pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())
 @pytest.mark.parametrize("variant", VARIANT_RANGES)
-def test_skinny_rows_independent(emulator, tmp_path, engine, dtype, variant):
+def test_skinny_rows_independent(plain_emulator, tmp_path, engine, dtype, variant):
     lo, hi = VARIANT_RANGES[variant]
-    run, x = skinny_run(emulator, tmp_path, engine, dtype, seed=hi)
+    run, x = skinny_run(plain_emulator, tmp_path, engine, dtype, seed=hi)
     assert_rows_independent(run, x[:hi], keep=lo - 1 + (hi - lo) // 2, seed=hi)
 
 
 @pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())
 @pytest.mark.parametrize("variant", VARIANT_RANGES)
-def test_skinny_same_rows_within_a_variant(emulator, tmp_path, engine, dtype, variant):
+def test_skinny_same_rows_within_a_variant(plain_emulator, tmp_path, engine, dtype, variant):
     lo, hi = VARIANT_RANGES[variant]
     assert {skinny.default_variant(m) for m in range(lo, hi + 1)} == {skinny.VARIANTS.index(variant)}
-    run, x = skinny_run(emulator, tmp_path, engine, dtype, seed=lo)
+    run, x = skinny_run(plain_emulator, tmp_path, engine, dtype, seed=lo)
     assert_same_rows_for_every_m(run, x, tuple(sorted({lo, (lo + hi) // 2, hi})))
 
 
