@@ -176,16 +176,12 @@ def opchecks(device: str) -> list[dict]:
 # parity
 
 
-def weight_key(case: Case) -> tuple:
-    return (case.n, case.k, case.group_size, case.dtype, case.symmetric)
-
-
 def shard_of(cases: list[Case], shards: int) -> dict[tuple, int]:
-    """Whole weights to shards (their cases share one quantized weight), largest first to the
-    least loaded shard; every process computes the same assignment."""
+    """Whole weights to shards (their cases share one quantized weight: the weight's key is
+    probe_key), largest first to the least loaded shard; every process computes the same assignment."""
     work = Counter()
     for c in cases:
-        work[weight_key(c)] += c.n * c.k
+        work[probe_key(c)] += c.n * c.k
     load = [0] * shards
     owner = {}
     for key, amount in sorted(work.items(), key=lambda kv: (-kv[1], str(kv[0]))):
@@ -212,13 +208,13 @@ def parity(cases: list[Case], device: str, deadline: float, shard: int = 0, shar
     for spec, keep, impl_of in passes:
         todo = [c for c in cases if keep(c) and spec.supports(c)[0]]
         owner = shard_of(todo, shards)
-        todo = [c for c in todo if owner[weight_key(c)] == shard]
+        todo = [c for c in todo if owner[probe_key(c)] == shard]
         probed: set[tuple] = set()
         rows = []
         for case in todo:
             if time.perf_counter() > deadline:
                 break
-            if device == "cuda" and rows and weight_key(case) != weight_key(last):
+            if device == "cuda" and rows and probe_key(case) != probe_key(last):
                 # The shards share the GPU: give back the last weight's cached blocks.
                 torch.cuda.empty_cache()
             last = case

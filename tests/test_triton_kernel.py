@@ -448,7 +448,8 @@ def _require(condition: bool, reason: str) -> None:
 
 
 def _compile_in_subprocess(target: str, backend: str, which: str, site: str | None = None):
-    """site: a folder holding another Triton, put first on the path (its backends are checked there)."""
+    """site: a folder holding another Triton, put first on the path; its backend is not checked
+    here (a missing one fails the compile)."""
     if site is None:
         _require(backend in triton.backends.backends, f"this triton build has no {backend} backend")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
