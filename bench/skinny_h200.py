@@ -14,7 +14,7 @@ calls each on its own copy, per call = replay / R, median of replays; floor = by
 copy bandwidth. Writes DIR/skinny_h200.json and DIR/skinny_h200.md.
 
 --variants compares the kernels of optimized.skinny.VARIANTS in one run (see run_variants): a
-quick parity check of each and of the default policy (6 weights, M in {1, 5, 9, 16}, exact probes
+quick parity check of each and of the default policy (6 weights, M in {1..5, 9, 16}, exact probes
 on one), then the same cold-weight graph timing on 5 large shapes at M in {1, 2, 4, 5, 8, 9, 16};
 prints a compact table last (with the kernel the default policy picks, skinny.default_variant)
 and writes DIR/skinny_variants.json.
@@ -375,7 +375,7 @@ def run_sanitize(device: str) -> int:
 VARIANT_MID = LinearShape("variants", "mid", 16384, 1032)
 VARIANT_G32 = LinearShape("variants", "g32", 2048, 264)
 VARIANT_PROBE = LinearShape("variants", "probe", 512, 256)
-VARIANT_PARITY_M = (1, 5, 9, 16)
+VARIANT_PARITY_M = (1, 2, 3, 4, 5, 9, 16)
 # Timing: the decode shapes of Llama-3.1-8B / 3.3-70B class models, fp16 sym and bf16 asym.
 VARIANT_SHAPES = ((4096, 28672), (8192, 57344), (28672, 8192), (14336, 4096), (8192, 10240))
 VARIANT_M = (1, 2, 4, 5, 8, 9, 16)

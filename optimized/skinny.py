@@ -21,8 +21,11 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # The kernels (csrc/skinny_core.cuh Variant, same order), for the op's `variant` argument:
 # "base": each warp loads kUnroll iterations, waits, computes; "regs_s4": a register ring keeps
 # 3 iterations' loads in flight per lane while the warp computes one (it needs K % 128 == 0 and
-# N >= 8, else the base kernel runs; its simt engine exists for M = 1 only, other M run base).
-VARIANTS = ("base", "regs_s4")
+# N >= 8, else the base kernel runs; its simt engine exists for M = 1 only, other M run base);
+# "seg_r2", "seg_r4": the same ring with each warp's quads on consecutive K segments of 2 or 4
+# rows per lane, so a load reads up to 512 contiguous bytes of a row (mma engine at M <= 4;
+# other calls run regs_s4, and the op reports the kernel that ran).
+VARIANTS = ("base", "regs_s4", "seg_r2", "seg_r4")
 # variant=-1 (the default) picks per call in the kernel's host dispatch: regs_s4 for M <=
 # REGS_MAX_M, base above (csrc/skinny_core.cuh kRegsMaxM, from the H200 comparison in
 # bench/results/h200/skinny_variants_log.txt). default_variant(m) mirrors it for reports.

@@ -67,7 +67,8 @@ def ptxas_report(log: str) -> dict[str, tuple[int, int, int, int]]:
 
 def test_nvcc_compiles_core_for_sm90(tmp_path):
     """The extension's translation units (the dispatch with every kernel extern, and one unit per
-    variant), compiled side by side, link with nothing undefined; no pipelined kernel spills."""
+    variant), compiled side by side, link with nothing undefined; no pipelined or segmented kernel
+    spills."""
     nvcc = find_compiler("nvcc")
     units = [INSTANTIATE, *VARIANT_UNITS]
     assert len(VARIANT_UNITS) == len(skinny.VARIANTS)
@@ -84,8 +85,9 @@ def test_nvcc_compiles_core_for_sm90(tmp_path):
     report = {}
     for log in logs:
         report.update(ptxas_report(log))
-    pipe = {name: r for name, r in report.items() if "skinny_pipe_kernel" in name}
-    assert pipe, "no pipelined kernel was compiled"
+    pipe = {name: r for name, r in report.items() if "skinny_pipe_kernel" in name or "skinny_seg_kernel" in name}
+    assert any("skinny_pipe_kernel" in name for name in pipe), "no pipelined kernel was compiled"
+    assert any("skinny_seg_kernel" in name for name in pipe), "no segmented kernel was compiled"
     spilling = {name: r for name, r in pipe.items() if r[1:] != (0, 0, 0)}
     assert not spilling, f"pipelined kernels with a stack frame or spills (regs, stack, st, ld): {spilling}"
 
@@ -168,20 +170,36 @@ def _v(name: str) -> int:
     return -1 if name == "default" else skinny.VARIANTS.index(name)
 
 
+def _settled(name: str, m: int, engine: str) -> str:
+    """The kernel that runs for `name` (the segmented kernels exist for the mma engine at M <= 4)."""
+    return "regs_s4" if name.startswith("seg") and (engine != "mma" or m > 4) else name
+
+
 # (variant or "default", engine, n, k, g, dtype, symmetric, m, emulate_call options, the variant
 # expected to run). At split 4 each warp runs 16 iterations of K = 8192 and the register ring
 # wraps; split 8 puts 8 warps on each row.
 EMULATED = [
     *[(name, "mma", 264, 8192, 128, torch.float16, False, 1, dict(split=4), name) for name in skinny.VARIANTS],
-    *[(name, "mma", 264, 8192, 128, torch.bfloat16, True, 16, dict(split=8), name) for name in skinny.VARIANTS],
-    *[(name, "simt", 264, 8192, 128, torch.bfloat16, False, 1, dict(split=2), name) for name in skinny.VARIANTS],
+    *[(name, "mma", 264, 8192, 128, torch.bfloat16, True, 16, dict(split=8), _settled(name, 16, "mma"))
+      for name in skinny.VARIANTS],
+    *[(name, "simt", 264, 8192, 128, torch.bfloat16, False, 1, dict(split=2), _settled(name, 1, "simt"))
+      for name in skinny.VARIANTS],
     ("regs_s4", "mma", 264, 8192, 128, torch.float16, False, 9, dict(split=1), "regs_s4"),
     ("regs_s4", "mma", 264, 2048, 64, torch.bfloat16, False, 16, dict(num_sms=4), "regs_s4"),
     ("regs_s4", "mma", 264, 2048, 32, torch.float16, False, 5, dict(num_sms=4), "regs_s4"),
     ("regs_s4", "mma", 8, 4096, 128, torch.float16, False, 9, {}, "regs_s4"),  # N = 8: rows past n
     ("regs_s4", "mma", 200, 2048, 128, torch.bfloat16, True, 2, dict(num_sms=1, row_pad=24), "regs_s4"),
     ("regs_s4", "mma", 264, 2048, 128, torch.float16, False, 3, dict(scale_offset=1), "regs_s4"),
-    # K tail: the base kernel runs (the dispatch still reports the variant it was asked for).
+    # The segmented kernels at every M_PAD (1, 2, 4): rows past n, K not a multiple of an iteration (the
+    # tail chunks read zeros), warps left without an iteration at split 4, G = 32 and 64.
+    ("seg_r4", "mma", 8, 4096, 128, torch.bfloat16, False, 4, {}, "seg_r4"),
+    ("seg_r2", "mma", 200, 2048, 128, torch.float16, True, 3, dict(num_sms=1, row_pad=24), "seg_r2"),
+    ("seg_r4", "mma", 264, 2016, 32, torch.float16, False, 2, dict(num_sms=4), "seg_r4"),
+    ("seg_r2", "mma", 264, 2048, 64, torch.bfloat16, False, 4, dict(num_sms=4, scale_offset=1), "seg_r2"),
+    ("seg_r2", "mma", 64, 2048, 128, torch.bfloat16, True, 1, dict(split=4), "seg_r2"),
+    ("seg_r4", "mma", 24, 1056, 32, torch.float16, False, 1, {}, "seg_r4"),
+    ("seg_r4", "mma", 264, 2048, 128, torch.float16, False, 5, {}, "regs_s4"),  # M > 4: regs_s4 runs
+    # K tail: the base kernel runs (the dispatch still reports regs_s4, the variant it settled on).
     ("regs_s4", "mma", 264, 4032, 64, torch.bfloat16, False, 16, {}, "regs_s4"),
     # The default policy, each side of REGS_MAX_M, with choose_split's split at 132 SMs.
     ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.REGS_MAX_M, {}, "regs_s4"),
@@ -241,8 +259,8 @@ def test_python_limits_match_the_kernel():
     assert int(re.search(r"kRegsMaxM = (\d+);", core).group(1)) == skinny.REGS_MAX_M
     names = re.search(r"// kVariantNames: (.*)", core).group(1).split(", ")
     assert tuple(names) == skinny.VARIANTS
-    enum = re.search(r"enum Variant : int \{ kVariantBase = (\d+), kVariantRegs = (\d+) \};", core)
-    assert (int(enum.group(1)), int(enum.group(2))) == (skinny.VARIANTS.index("base"), skinny.VARIANTS.index("regs_s4"))
+    enum = re.search(r"enum Variant : int \{ (.*) \};", core).group(1)
+    assert [int(v) for v in re.findall(r"kVariant\w+ = (\d+)", enum)] == list(range(len(skinny.VARIANTS)))
     assert [skinny.default_variant(m) for m in range(1, skinny.MAX_M + 1)] == \
         [1] * skinny.REGS_MAX_M + [0] * (skinny.MAX_M - skinny.REGS_MAX_M)
 

@@ -24,6 +24,10 @@
 //  * kVariantRegs, "regs_s4" (skinny_pipe_kernel): a register ring of kPipeStages iterations per
 //    lane: the loads of iteration e + kPipeStages - 1 are issued before iteration e is computed,
 //    so kPipeStages - 1 iterations stay in flight while the warp computes.
+//  * kVariantSeg2, "seg_r2", and kVariantSeg4, "seg_r4" (skinny_seg_kernel; mma engine, M <= 4):
+//    the same ring, with the 8 quads of a warp on 8 / M_PAD consecutive k segments of the same
+//    rows, so that one load instruction reads up to 512 contiguous bytes of a row, with 2 or 4
+//    row sets per lane. Other calls run regs_s4.
 #pragma once
 
 #include "compat.h"
@@ -45,9 +49,9 @@ enum class Engine : int { kSimt = 0, kMma = 1 };
 
 // The kernels, for the op's `variant` argument; optimized/skinny.py VARIANTS lists the names in
 // the same order:
-// kVariantNames: base, regs_s4
-enum Variant : int { kVariantBase = 0, kVariantRegs = 1 };
-constexpr int kNumVariants = 2;
+// kVariantNames: base, regs_s4, seg_r2, seg_r4
+enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg2 = 2, kVariantSeg4 = 3 };
+constexpr int kNumVariants = 4;
 constexpr int kAutoVariant = -1;  // default_variant(m), per call
 
 // The default: regs_s4 for M <= kRegsMaxM, base above. On the H200 (mma engine, 5 decode shapes
@@ -62,6 +66,23 @@ __host__ __device__ constexpr int default_variant(int m) { return m <= kRegsMaxM
 __host__ __device__ constexpr int resolve_variant(int variant, int m) {
   return variant == kAutoVariant ? default_variant(m) : variant;
 }
+
+// The segmented kernels' row sets per lane (0 for the others).
+__host__ __device__ constexpr int seg_row_sets(int variant) {
+  return variant == kVariantSeg2 ? 2 : variant == kVariantSeg4 ? 4 : 0;
+}
+// The segmented kernels' largest M. At M_PAD = 8 a segment is the pipelined kernel's 64 bytes,
+// so above M = 4 they would only repeat regs_s4.
+constexpr int kSegMaxM = 4;
+
+// The kernel that runs for a resolved variant: the segmented ones exist for the mma engine at
+// M <= kSegMaxM; other calls run regs_s4.
+__host__ __device__ constexpr int settle_variant(int variant, int m, bool mma) {
+  return seg_row_sets(variant) > 0 && (!mma || m > kSegMaxM) ? kVariantRegs : variant;
+}
+
+// Columns of x a segmented kernel's mma tile holds: M rounded up to a power of two.
+__host__ __device__ constexpr int seg_m_pad(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : 4; }
 
 // One call's arguments, in the layout of optimized/contract.py (T = half_t or bf16_t):
 //   x        T [m, k], row stride stride_xm elements, unit stride along k; 16-byte aligned rows.
@@ -82,7 +103,7 @@ struct SkinnyParams {
   int m, n, k;
   int group_size;  // 32, 64 or 128
   int split;       // warps of a block sharing each row, splitting K: 1, 2, 4 (or 8 on wave32)
-  int variant;     // kVariantBase or kVariantRegs (resolve_variant)
+  int variant;     // a Variant (resolve_variant)
 };
 
 namespace detail {
@@ -91,7 +112,21 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
-// Weights are read exactly once: keep them out of L1 so that x stays there.
+// Weights are read exactly once: keep them out of L1 so that x stays there. The segmented
+// kernels' loads are whole 128-byte lines or more, which the H200 streams fastest without an L2
+// prefetch (bench/results/h200/skinny_load_probe.md); the others' 64-byte pieces gain from one.
+__device__ __forceinline__ uint4 load_weights_lines(const uint4* p) {
+#if W4_HIP || W4_EMU
+  return *p;
+#else
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+#endif
+}
+
 __device__ __forceinline__ uint4 load_weights(const uint4* p) {
 #if W4_HIP || W4_EMU
   return *p;
@@ -284,6 +319,15 @@ __device__ __forceinline__ void mma16816<bf16_t>(float (&c)[4], const uint32_t (
 // {2t, 2t+1, 2t+8, 2t+9}; B holds x row m = quad at the same k; C holds rows quad, quad + 8 at
 // m = 2t, 2t+1. Logical k (2t, 2t+1, 2t+8, 2t+9) of step 2j is nibbles (0, 4, 1, 5) of word j
 // of lane t's chunk, and of step 2j+1 nibbles (2, 6, 3, 7); x is permuted to match.
+
+// The B fragments of steps 2j (b[0], b[1]) and 2j + 1 (b[2], b[3]) from x[k0 + 8j .. + 7] of
+// one row: the pairs (0, 4), (1, 5), (2, 6), (3, 7), the order of the nibble pairs above.
+__device__ __forceinline__ void x_fragments(const uint4& xv, uint32_t (&b)[4]) {
+  b[0] = __byte_perm(xv.x, xv.z, 0x5410);
+  b[1] = __byte_perm(xv.x, xv.z, 0x7632);
+  b[2] = __byte_perm(xv.y, xv.w, 0x5410);
+  b[3] = __byte_perm(xv.y, xv.w, 0x7632);
+}
 template <typename T, int M_TILE>
 struct Accumulator<T, M_TILE, Engine::kMma> {
   static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0, "mma tiles are 16 rows x 8 m on 32 lanes");
@@ -311,9 +355,10 @@ struct Accumulator<T, M_TILE, Engine::kMma> {
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
         const int m = 8 * i + quad;
-        const uint4 xv = load_x8(x + m * stride_xm, k0 + 8 * j, valid && m < m_rows);
-        mma16816<T>(acc[i], a_even, __byte_perm(xv.x, xv.z, 0x5410), __byte_perm(xv.x, xv.z, 0x7632));
-        mma16816<T>(acc[i], a_odd, __byte_perm(xv.y, xv.w, 0x5410), __byte_perm(xv.y, xv.w, 0x7632));
+        uint32_t b[4];
+        x_fragments(load_x8(x + m * stride_xm, k0 + 8 * j, valid && m < m_rows), b);
+        mma16816<T>(acc[i], a_even, b[0], b[1]);
+        mma16816<T>(acc[i], a_odd, b[2], b[3]);
       }
     }
   }
@@ -371,6 +416,16 @@ __device__ __forceinline__ void nibble_pairs<bf16_t>(uint32_t w, uint32_t z, uin
   for (int i = 0; i < 4; ++i) out[i] = fma2<bf16_t>(and_or(w >> (4 * i), 0x000F000Fu, kMagic), kOne, neg_128_z);
 }
 
+// (q - z) * s pairs of one word in T, one rounding each (nibble_pairs is exact), for the
+// pipelined kernels' mma engines.
+template <typename T>
+__device__ __forceinline__ void scaled_pairs(uint32_t w, uint32_t z, uint32_t s2, uint32_t (&out)[4]) {
+  constexpr uint32_t kNegZero = 0x80008000u;
+  nibble_pairs<T>(w, z, out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = fma2<T>(out[i], s2, kNegZero);
+}
+
 template <typename T, int M_TILE>
 struct MmaPipeAccumulator {
   static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0, "mma tiles are 16 rows x 8 m on 32 lanes");
@@ -394,27 +449,22 @@ struct MmaPipeAccumulator {
   // The 8 mma steps of chunk `chunk` (k = 32 chunk .. 32 chunk + 31); s2: each row's scale pair.
   __device__ __forceinline__ void chunk(const uint4 (&wq)[2], const uint32_t (&s2)[2], const uint32_t (&z)[2],
                                         int chunk) {
-    constexpr uint32_t kNegZero = 0x80008000u;
     const uint4* xp[kTiles];
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) xp[i] = xrow[i] + 4 * chunk;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t d0[4], d1[4];  // rows quad, quad + 8
-      nibble_pairs<T>(word(wq[0], j), z[0], d0);
-      nibble_pairs<T>(word(wq[1], j), z[1], d1);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        d0[i] = fma2<T>(d0[i], s2[0], kNegZero);
-        d1[i] = fma2<T>(d1[i], s2[1], kNegZero);
-      }
+      scaled_pairs<T>(word(wq[0], j), z[0], s2[0], d0);
+      scaled_pairs<T>(word(wq[1], j), z[1], s2[1], d1);
       const uint32_t a_even[4] = {d0[0], d1[0], d0[1], d1[1]};
       const uint32_t a_odd[4] = {d0[2], d1[2], d0[3], d1[3]};
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
-        const uint4 xv = W4_LDG(xp[i] + j);
-        mma16816<T>(acc[i], a_even, __byte_perm(xv.x, xv.z, 0x5410), __byte_perm(xv.x, xv.z, 0x7632));
-        mma16816<T>(acc[i], a_odd, __byte_perm(xv.y, xv.w, 0x5410), __byte_perm(xv.y, xv.w, 0x7632));
+        uint32_t b[4];
+        x_fragments(W4_LDG(xp[i] + j), b);
+        mma16816<T>(acc[i], a_even, b[0], b[1]);
+        mma16816<T>(acc[i], a_odd, b[2], b[3]);
       }
     }
   }
@@ -648,11 +698,155 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
   detail::store_outputs<T, M_TILE>(p, red, block_rows);
 }
 
+#if !W4_HIP
+// ---------------------------------------------------------------------------------------------
+// The segmented kernel (seg_r2, seg_r4; mma engine, M <= kSegMaxM). The mma's 16 A rows need not
+// be 16 weight rows. With M_PAD columns of x in use (M rounded up to 1, 2 or 4) and
+// SEG = 8 / M_PAD, quad q of a warp holds weight row q / SEG of each row set at k segment
+// s = q % SEG (4 chunks, 128 k) of the iteration's SEG segments, and B column q holds x row
+// q / SEG at the lane's own k. C entry (row q, column j) is then the dot product over segment s
+// of that weight row with x row j / SEG: a partial sum wanted when j % SEG == s, discarded
+// otherwise. So a load instruction covers M_PAD rows x SEG * 64 contiguous bytes (at M = 1, 512
+// bytes of one row), with the same mma count per weight as the pipelined kernel.
+// Lane 4 q + t, row set a < R (sets 2 i and 2 i + 1 are rows q and q + 8 of A tile i):
+//   row   = warp_row0 + M_PAD a + q / SEG (a row past n reads row n - 1 and is never stored);
+//   chunk = 4 (SEG it + s) + t in iteration it = w_k + e * split (e < count); a chunk past k
+//           reads zeros (weights, scale and x), so it adds exactly 0 and any k % 32 == 0 works.
+// The ring holds S entries of R chunks per lane: 4 at R = 2, 3 at R = 4 (which keeps more bytes in
+// flight than regs_s4 and fits 128 registers). A warp's rows start at a multiple of kWarpRows, so
+// its sets share ZW zero-point words: set a's row is in 8-row block (M_PAD a) / 8 of the warp's.
+template <typename T, int M_PAD, int G, bool SYM, int R>
+__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(const SkinnyParams p) {
+  constexpr int SEG = 8 / M_PAD, S = R == 4 ? 3 : 4;
+  constexpr int kIterChunks = 4 * SEG;
+  constexpr int kWarps = kBlockThreads / 32;
+  constexpr int kWarpRows = R * M_PAD;
+  constexpr int ZW = kWarpRows < 8 ? 1 : kWarpRows / 8;
+  static_assert(W4_WARP_SIZE == 32 && R % 2 == 0 && 4 % M_PAD == 0, "16-row A tiles of two row sets on 32 lanes");
+  static_assert(G % kLaneK == 0, "a lane's 32-k chunk lies in one group");
+  // Partial sums [split][block rows][8]: entry j = SEG m + s of a row is x row m at segment s.
+  __shared__ float red[kWarps * kWarpRows * 8];
+
+  const uint4* __restrict__ qw = reinterpret_cast<const uint4*>(p.qweight);
+  const unsigned short* __restrict__ scales = static_cast<const unsigned short*>(p.scales);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int quad = lane / 4, t = lane % 4;
+  const int seg = quad % SEG, pr = quad / SEG;
+  const int w_k = warp % p.split, w_n = warp / p.split;
+  const int block_rows = kWarps / p.split * kWarpRows;
+  const int warp_row0 = blockIdx.x * block_rows + w_n * kWarpRows;
+  const int kc = p.k / kLaneK;  // 16-byte chunks per row
+  const int groups = p.k / G;
+  const int iters = (kc + kIterChunks - 1) / kIterChunks;
+  const int count = w_k < iters ? (iters - 1 - w_k) / p.split + 1 : 0;  // the same for the whole warp
+
+  // Element offsets fit in an int (the host checks n * k / 32). A zero-point word's block is that
+  // of its first set's row; a row past n in it is never stored, so its nibble does not matter.
+  int rows[R], zshift[R], zrows[ZW];
+#pragma unroll
+  for (int a = 0; a < R; ++a) {
+    const int r = warp_row0 + M_PAD * a + pr;
+    rows[a] = min(r, p.n - 1);
+    zshift[a] = 4 * (r & 7);
+    if (M_PAD * a % 8 == 0) zrows[M_PAD * a / 8] = rows[a] >> 3;
+  }
+  // x row pr in 16-byte units; a row past m reads row 0 and feeds only discarded columns.
+  const uint4* xrow = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + (pr < p.m ? pr : 0) * p.stride_xm);
+
+  uint4 wr[S][R];
+  uint32_t sr[S][R], zr[SYM ? 1 : S][ZW];
+  auto chunk_of = [&](int e) { return 4 * ((w_k + e * p.split) * SEG + seg) + t; };
+  // Issues the loads of the warp's iteration f (nothing past count) into ring entry `slot`.
+  auto issue = [&](int f, int slot) {
+    if (f >= count) return;
+    const int chunk = chunk_of(f);
+    const bool ok = chunk < kc;
+    const int group = chunk / (G / kLaneK);
+#pragma unroll
+    for (int a = 0; a < R; ++a) {
+      wr[slot][a] = ok ? detail::load_weights_lines(qw + rows[a] * kc + chunk) : make_uint4(0u, 0u, 0u, 0u);
+      sr[slot][a] = ok ? W4_LDG(scales + rows[a] * groups + group) : 0u;
+    }
+#pragma unroll
+    for (int w = 0; w < ZW; ++w) {
+      if constexpr (!SYM) zr[SYM ? 0 : slot][w] = ok ? W4_LDG(p.zeros + zrows[w] * groups + group) : 0u;
+    }
+  };
+
+  float acc[R / 2][4];
+#pragma unroll
+  for (int i = 0; i < R / 2; ++i)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
+
+#pragma unroll
+  for (int f = 0; f < S - 1; ++f) issue(f, f);
+  for (int e0 = 0; e0 < count; e0 += S) {
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      const int e = e0 + u;  // in ring entry u, as e0 % S == 0
+      if (e >= count) break;  // the same for the whole warp, as the mma needs
+      issue(e + S - 1, (u + S - 1) % S);  // into the entry iteration e - 1 used
+      const int chunk = chunk_of(e);
+      const bool ok = chunk < kc;
+      uint32_t s2[R], z[R];
+#pragma unroll
+      for (int a = 0; a < R; ++a) {
+        s2[a] = sr[u][a] * 0x10001u;
+        z[a] = SYM ? 8u : (zr[SYM ? 0 : u][M_PAD * a / 8] >> zshift[a]) & 0xFu;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t b[4];
+        detail::x_fragments(ok ? W4_LDG(xrow + 4 * chunk + j) : make_uint4(0u, 0u, 0u, 0u), b);
+#pragma unroll
+        for (int i = 0; i < R / 2; ++i) {
+          uint32_t d0[4], d1[4];  // A rows q (set 2 i) and q + 8 (set 2 i + 1)
+          detail::scaled_pairs<T>(detail::word(wr[u][2 * i], j), z[2 * i], s2[2 * i], d0);
+          detail::scaled_pairs<T>(detail::word(wr[u][2 * i + 1], j), z[2 * i + 1], s2[2 * i + 1], d1);
+          const uint32_t a_even[4] = {d0[0], d1[0], d0[1], d1[1]};
+          const uint32_t a_odd[4] = {d0[2], d1[2], d0[3], d1[3]};
+          detail::mma16816<T>(acc[i], a_even, b[0], b[1]);
+          detail::mma16816<T>(acc[i], a_odd, b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // C entry c of tile i: A row q (c < 2) or q + 8, column j = 2 t + c % 2. Each kept entry has
+  // exactly one lane, and every entry of every row of the slice is written.
+  float* slice = red + (w_k * block_rows + w_n * kWarpRows) * 8;
+#pragma unroll
+  for (int i = 0; i < R / 2; ++i)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int j = 2 * t + c % 2;
+      if (j % SEG == seg) slice[(M_PAD * (2 * i + c / 2) + pr) * 8 + j] = acc[i][c];
+    }
+  __syncthreads();
+
+  // Each output: its split * SEG partial sums in a fixed order, plus bias, rounded once.
+  T* __restrict__ y = static_cast<T*>(p.y);
+  const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
+  for (int idx = threadIdx.x; idx < block_rows * p.m; idx += kBlockThreads) {
+    const int m = idx / block_rows, r = idx % block_rows;
+    const int n = blockIdx.x * block_rows + r;
+    if (n >= p.n) continue;
+    float v = 0.f;
+    for (int w = 0; w < p.split; ++w)
+#pragma unroll
+      for (int sg = 0; sg < SEG; ++sg) v += red[(w * block_rows + r) * 8 + SEG * m + sg];
+    if (bias != nullptr) v += bits_to_float<T>(W4_LDG(bias + n));
+    y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
+  }
+}
+#endif  // !W4_HIP
+
 // ---------------------------------------------------------------------------------------------
 // Host side: pick the K split and the template instance. Torch-free, so the CI compile check
 // instantiates exactly what the extension ships (launch_skinny<half_t>, launch_skinny<bf16_t>).
 
-// Larger blocks (split 1: kTileRows rows) fetch each x element once for more rows; smaller ones
+// Larger blocks (split 1: tile_rows rows) fetch each x element once for more rows; smaller ones
 // make more blocks, so that every SM has work and the last wave is short. Decode at small M
 // needs little x traffic, so it favours many blocks.
 //
@@ -660,22 +854,33 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
 // the H200 this policy was never slower than aiming at num_sms * 2 blocks above M = 4 beyond
 // noise, and it removed a step in time from M = 4 to 5 (skinny_variants_log.txt: v1 against v0).
 //
-// The pipelined kernel: the split with the least modelled wave quantization. Its blocks are
+// The pipelined and segmented kernels: the split with the least modelled wave quantization,
+// among those that leave every warp an iteration of K. Their blocks are
 // equal, so they run in waves of num_sms * kMinBlocks (its occupancy); counting time in
 // block-times of a busy SM, a full wave takes kMinBlocks and a last partial wave takes its most
 // loaded SM's block count, at least 2 (an SM with one block is assumed to run at half speed, as a
 // block's loads in flight cover about half an SM's share of the bandwidth). Efficiency = ideal /
 // modelled time; a larger split must beat a smaller one by 2% (larger blocks share x better).
 //
-// variant: kVariantBase or kVariantRegs (resolve_variant's result).
-inline int choose_split(int n, int num_sms, int warp_size, int variant) {
+// variant: the kernel that runs (settle_variant's result).
+
+// Rows a block covers at split 1.
+inline int tile_rows(int variant, int m) {
+  const int sets = seg_row_sets(variant);
+  return sets > 0 ? kBlockThreads / 32 * sets * seg_m_pad(m) : kTileRows;
+}
+
+inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int variant) {
   const int warps = kBlockThreads / warp_size;
-  if (variant == kVariantRegs) {
+  const int rows = tile_rows(variant, m);
+  if (variant != kVariantBase) {
+    const int iter_k = seg_row_sets(variant) > 0 ? 8 / seg_m_pad(m) * kIterK : kIterK;
+    const int iters = (k + iter_k - 1) / iter_k;
     const int slots = num_sms * kMinBlocks;
     double best = -1.0;
     int best_split = 1;
-    for (int split = 1; split <= warps; split *= 2) {
-      const int blocks = (n + kTileRows / split - 1) / (kTileRows / split);
+    for (int split = 1; split <= warps && split <= iters; split *= 2) {
+      const int blocks = (n + rows / split - 1) / (rows / split);
       const int tail = (blocks % slots + num_sms - 1) / num_sms;
       const double time = static_cast<double>(blocks / slots) * kMinBlocks + (tail == 0 ? 0 : tail < 2 ? 2 : tail);
       const double efficiency = static_cast<double>(blocks) / num_sms / time;
@@ -688,7 +893,7 @@ inline int choose_split(int n, int num_sms, int warp_size, int variant) {
   }
   const int target_blocks = num_sms * 8;
   int split = 1;
-  while (split < warps && (n + kTileRows / split - 1) / (kTileRows / split) < target_blocks) split *= 2;
+  while (split < warps && (n + rows / split - 1) / (rows / split) < target_blocks) split *= 2;
   return split;
 }
 
@@ -717,6 +922,29 @@ void launch_tile(const SkinnyParams& p, stream_t stream) {
 #endif
 }
 
+#if !W4_HIP
+template <typename T, int M_PAD, int G, bool SYM, int R>
+void launch_seg_tile(const SkinnyParams& p, stream_t stream) {
+  const int block_rows = kBlockThreads / 32 / p.split * R * M_PAD;
+  const int blocks = (p.n + block_rows - 1) / block_rows;
+#if W4_EMU
+  (void)stream;
+  ::w4emu::launch(skinny_seg_kernel<T, M_PAD, G, SYM, R>, blocks, kBlockThreads, p);
+#else
+  skinny_seg_kernel<T, M_PAD, G, SYM, R><<<blocks, kBlockThreads, 0, stream>>>(p);
+#endif
+}
+
+template <typename T, int G, bool SYM, int R>
+void launch_seg(const SkinnyParams& p, stream_t stream) {
+  switch (seg_m_pad(p.m)) {
+    case 1: return launch_seg_tile<T, 1, G, SYM, R>(p, stream);
+    case 2: return launch_seg_tile<T, 2, G, SYM, R>(p, stream);
+    default: return launch_seg_tile<T, 4, G, SYM, R>(p, stream);
+  }
+}
+#endif
+
 template <typename T, int G, bool SYM, Engine E, int V>
 void launch_m(const SkinnyParams& p, stream_t stream) {
   if constexpr (E == Engine::kMma) {
@@ -740,31 +968,56 @@ void launch_m(const SkinnyParams& p, stream_t stream) {
 // (T, E, V) in its own translation unit (skinny_inst_v*.cu, declared in skinny_instances.h).
 template <typename T, Engine E, int V>
 void launch_variant(const SkinnyParams& p, stream_t stream) {
-  if constexpr (V == kVariantRegs) {
-    // The pipelined kernel needs k % 128 == 0 (no K tail; always so for G = 128), n >= 8 and row
-    // offsets that fit in an int. Other calls run the base kernel.
-    if (p.k % kIterK != 0 || p.n < 8 || static_cast<int64_t>(p.n) * (p.k / kLaneK) > INT32_MAX) {
-      return launch_variant<T, E, kVariantBase>(p, stream);
+  constexpr int kSegSets = seg_row_sets(V);
+  if constexpr (kSegSets > 0) {
+#if W4_HIP
+    return launch_variant<T, E, kVariantRegs>(p, stream);
+#else
+    if constexpr (E != Engine::kMma) {
+      return launch_variant<T, E, kVariantRegs>(p, stream);
+    } else {
+      if (p.m > kSegMaxM) return launch_variant<T, E, kVariantRegs>(p, stream);
+      if (static_cast<int64_t>(p.n) * (p.k / kLaneK) > INT32_MAX) return launch_variant<T, E, kVariantBase>(p, stream);
+      const bool sym = p.zeros == nullptr;
+      switch (p.group_size) {
+        case 32: return sym ? launch_seg<T, 32, true, kSegSets>(p, stream) : launch_seg<T, 32, false, kSegSets>(p, stream);
+        case 64: return sym ? launch_seg<T, 64, true, kSegSets>(p, stream) : launch_seg<T, 64, false, kSegSets>(p, stream);
+        default: return sym ? launch_seg<T, 128, true, kSegSets>(p, stream) : launch_seg<T, 128, false, kSegSets>(p, stream);
+      }
     }
-  }
-  const bool sym = p.zeros == nullptr;
-  switch (p.group_size) {
-    case 32: return sym ? launch_m<T, 32, true, E, V>(p, stream) : launch_m<T, 32, false, E, V>(p, stream);
-    case 64: return sym ? launch_m<T, 64, true, E, V>(p, stream) : launch_m<T, 64, false, E, V>(p, stream);
-    default: return sym ? launch_m<T, 128, true, E, V>(p, stream) : launch_m<T, 128, false, E, V>(p, stream);
+#endif
+  } else {
+    if constexpr (V == kVariantRegs) {
+      // The pipelined kernel needs k % 128 == 0 (no K tail; always so for G = 128), n >= 8 and row
+      // offsets that fit in an int. Other calls run the base kernel.
+      if (p.k % kIterK != 0 || p.n < 8 || static_cast<int64_t>(p.n) * (p.k / kLaneK) > INT32_MAX) {
+        return launch_variant<T, E, kVariantBase>(p, stream);
+      }
+    }
+    const bool sym = p.zeros == nullptr;
+    switch (p.group_size) {
+      case 32: return sym ? launch_m<T, 32, true, E, V>(p, stream) : launch_m<T, 32, false, E, V>(p, stream);
+      case 64: return sym ? launch_m<T, 64, true, E, V>(p, stream) : launch_m<T, 64, false, E, V>(p, stream);
+      default: return sym ? launch_m<T, 128, true, E, V>(p, stream) : launch_m<T, 128, false, E, V>(p, stream);
+    }
   }
 }
 
 template <typename T, Engine E>
 void launch_engine(const SkinnyParams& p, stream_t stream) {
-  if (p.variant == kVariantRegs) return launch_variant<T, E, kVariantRegs>(p, stream);
-  return launch_variant<T, E, kVariantBase>(p, stream);
+  switch (p.variant) {
+    case kVariantRegs: return launch_variant<T, E, kVariantRegs>(p, stream);
+    case kVariantSeg2: return launch_variant<T, E, kVariantSeg2>(p, stream);
+    case kVariantSeg4: return launch_variant<T, E, kVariantSeg4>(p, stream);
+    default: return launch_variant<T, E, kVariantBase>(p, stream);
+  }
 }
 
 }  // namespace detail
 
 // The caller has validated p (1 <= m <= kMaxM, group_size in {32, 64, 128}, alignment), resolved
-// p.variant (resolve_variant) and set p.split, e.g. from choose_split(p.n, ..., p.variant). kMma
+// and settled p.variant (settle_variant(resolve_variant(...), ...)) and set p.split, e.g. from
+// choose_split(p.n, p.m, p.k, ..., p.variant). kMma
 // needs CUDA sm_80+; on HIP only kSimt is compiled.
 template <typename T>
 void launch_skinny(const SkinnyParams& p, Engine engine, stream_t stream) {

@@ -72,9 +72,10 @@ int main(int argc, char** argv) {
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
   p.group_size = static_cast<int>(g);
-  p.variant = w4::resolve_variant(static_cast<int>(h[8]), p.m);
-  p.split = h[12] > 0 ? static_cast<int>(h[12]) : w4::choose_split(p.n, static_cast<int>(h[10]), 32, p.variant);
   const w4::Engine engine = h[9] ? w4::Engine::kMma : w4::Engine::kSimt;
+  p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(h[8]), p.m), p.m, engine == w4::Engine::kMma);
+  p.split = h[12] > 0 ? static_cast<int>(h[12])
+                      : w4::choose_split(p.n, p.m, p.k, static_cast<int>(h[10]), 32, p.variant);
 
   auto run = std::async(std::launch::async, [&] {
     if (bf16) {
