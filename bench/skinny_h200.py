@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import platform
@@ -340,8 +341,9 @@ def run_timing(cases: list[TimingCase], bandwidth: float, device: str, ms=tuple(
 
 
 def run_sanitize(device: str) -> int:
-    """Each boundary once per engine, dtype and symmetry, for compute-sanitizer: N=8, K=G, a K
-    that ends mid-iteration (K % 128 != 0), K=49152, N not a multiple of the row tile, strided x."""
+    """Each boundary once per kernel variant, engine, dtype, symmetry and M in {1, 3, 7, 16}, for
+    compute-sanitizer: N=8, K=G, a K that ends mid-iteration (K % 128 != 0), K=49152, N not a
+    multiple of the row tile, strided x."""
     shapes = [(8, 4096, 128), (4096, 128, 128), (24, 96, 32), (1024, 49152, 128), (200, 320, 64)]
     errors = 0
     gen = torch.Generator().manual_seed(3)
@@ -350,17 +352,17 @@ def run_sanitize(device: str) -> int:
             for symmetric in (True, False):
                 kw = to_kernel_layout(random_quantized(n, k, g, symmetric, dtype, generator=gen), dtype)
                 zeros = None if kw.zeros is None else kw.zeros.to(device)
-                for engine in ENGINES:
-                    for m in (1, 7, 16):
-                        padded = torch.randn(m, k + 64, generator=gen).to(dtype).to(device)
-                        x = padded[:, 32:32 + k]  # row stride k + 64, 64-byte offset: aligned but strided
-                        try:
-                            torch.ops.w4a16.skinny_matmul(x, kw.qweight.to(device), kw.scales.to(device), zeros, g,
-                                                          None, engine)
-                            torch.cuda.synchronize()
-                        except Exception as e:  # noqa: BLE001
-                            errors += 1
-                            log(f"[sanitize] N{n} K{k} G{g} {dtype} sym={symmetric} {engine} M{m}: {e!r}")
+                for engine, m, variant in itertools.product(ENGINES, (1, 3, 7, 16), range(len(skinny.VARIANTS))):
+                    padded = torch.randn(m, k + 64, generator=gen).to(dtype).to(device)
+                    x = padded[:, 32:32 + k]  # row stride k + 64, 64-byte offset: aligned but strided
+                    try:
+                        torch.ops.w4a16.skinny_matmul(x, kw.qweight.to(device), kw.scales.to(device), zeros, g,
+                                                      None, engine, variant)
+                        torch.cuda.synchronize()
+                    except Exception as e:  # noqa: BLE001
+                        errors += 1
+                        log(f"[sanitize] N{n} K{k} G{g} {dtype} sym={symmetric} {engine} M{m} "
+                            f"{skinny.VARIANTS[variant]}: {e!r}")
     log(f"[sanitize] done, {errors} errors")
     return errors
 
