@@ -1,6 +1,7 @@
 """Correctness and speed of the skinny decode kernel on one GPU (written for the H200).
 
     python bench/skinny_h200.py --out DIR          # build, opcheck, parity matrix, timing (< ~6 min)
+    python bench/skinny_h200.py --variant seg_r4 --out DIR   # the same for one kernel, not the default
     compute-sanitizer --tool memcheck python bench/skinny_h200.py --sanitize
     python bench/skinny_h200.py --dry-run --out DIR   # CPU: the pure-Python parts, a stand-in kernel
     python bench/skinny_h200.py --variants --out DIR  # both kernels and the default: parity, timing (< 4 min)
@@ -295,7 +296,8 @@ def random_packs(k: int, n: int, g: int, symmetric: bool, dtype: torch.dtype, de
     return packs
 
 
-def run_timing(cases: list[TimingCase], bandwidth: float, device: str, ms=tuple(range(1, 17))) -> list[dict]:
+def run_timing(cases: list[TimingCase], bandwidth: float, device: str, ms=tuple(range(1, 17)),
+               variant: int = skinny.DEFAULT_VARIANT) -> list[dict]:
     rows = []
     for i, case in enumerate(cases):
         dtype = DTYPES[case.dtype]
@@ -320,8 +322,9 @@ def run_timing(cases: list[TimingCase], bandwidth: float, device: str, ms=tuple(
                 dense_s = graph_seconds([lambda w=w: torch.nn.functional.linear(x, w) for w in dense], replays=REPLAYS)
                 row["dense_us"] = dense_s * 1e6
                 for engine in ENGINES:
-                    sec = graph_seconds([lambda p=p: torch.ops.w4a16.skinny_matmul(x, p[0], p[1], p[2], g, None, engine)
-                                      for p in packs], replays=REPLAYS)
+                    sec = graph_seconds([lambda p=p: torch.ops.w4a16.skinny_matmul(x, p[0], p[1], p[2], g, None, engine,
+                                                                                   variant)
+                                         for p in packs], replays=REPLAYS)
                     row[f"{engine}_us"] = sec * 1e6
                     row[f"{engine}_pct_floor"] = 100 * floor_s / sec
                     row[f"{engine}_speedup_vs_dense"] = dense_s / sec
@@ -678,7 +681,8 @@ def environment(device: str) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = ["# Skinny W4A16 kernel", "", f"Environment: `{json.dumps(result['environment'])}`", ""]
+    lines = ["# Skinny W4A16 kernel", "", f"Environment: `{json.dumps(result['environment'])}`", "",
+             f"Kernel: {result.get('variant', 'default')} (optimized.skinny.VARIANTS; default: the per-M policy)", ""]
     if "bandwidth" in result:
         lines += [f"Copy bandwidth (read + write): {result['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s", ""]
     for section in ("opcheck", "parity"):
@@ -705,10 +709,12 @@ def markdown(result: dict) -> str:
 
 
 def write(result: dict, out: Path) -> None:
+    """DIR/skinny_h200.{json,md}, or skinny_h200_<variant>.{json,md} for a forced --variant."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "skinny_h200.json").write_text(json.dumps(result, indent=1, default=str))
-    (out / "skinny_h200.md").write_text(markdown(result))
-    log(f"wrote {out / 'skinny_h200.json'} and {out / 'skinny_h200.md'}")
+    stem = "skinny_h200" if result.get("variant", "default") == "default" else f"skinny_h200_{result['variant']}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / f"{stem}.md").write_text(markdown(result))
+    log(f"wrote {out / stem}.json and .md")
 
 
 def reference_stand_in(x, qweight, scales, zeros, group_size, bias=None, *, engine="auto", variant=-1):
@@ -728,7 +734,11 @@ def main() -> int:
     parser.add_argument("--variants", action="store_true", help="compare the kernels (parity, timing)")
     parser.add_argument("--budget-s", type=float, default=VARIANT_BUDGET_S,
                         help="--variants: skip timing cells past this many seconds from the start")
+    parser.add_argument("--variant", choices=("default", *skinny.VARIANTS), default="default",
+                        help="parity and timing of one kernel instead of the default policy (results in "
+                             "skinny_h200_<variant>.{json,md})")
     args = parser.parse_args()
+    variant = skinny.DEFAULT_VARIANT if args.variant == "default" else skinny.VARIANTS.index(args.variant)
 
     if args.variants:
         return run_variants(args)
@@ -754,14 +764,14 @@ def main() -> int:
     if args.sanitize:
         return int(run_sanitize(device) > 0)
 
-    result = {"environment": environment(device), "build_seconds": time.perf_counter() - t0}
+    result = {"environment": environment(device), "build_seconds": time.perf_counter() - t0, "variant": args.variant}
     result["opcheck"] = run_opcheck(device)
-    result["parity"] = run_parity(skinny.skinny_matmul, parity_cases(), device)
+    result["parity"] = run_parity(functools.partial(skinny.skinny_matmul, variant=variant), parity_cases(), device)
     write(result, args.out)  # keep parity even if timing dies
     if not args.skip_timing:
         result["bandwidth"] = copy_bandwidth(device)
         log(f"[bandwidth] copy {result['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s")
-        result["timing"] = run_timing(timing_cases(), result["bandwidth"]["bytes_per_s"], device)
+        result["timing"] = run_timing(timing_cases(), result["bandwidth"]["bytes_per_s"], device, variant=variant)
     failures = sum(not r.get("passed") for r in result["opcheck"] + result["parity"])
     result["failures"] = failures
     write(result, args.out)
