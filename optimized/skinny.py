@@ -22,19 +22,24 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # "base": each warp loads kUnroll iterations, waits, computes; "regs_s4": a register ring keeps
 # 3 iterations' loads in flight per lane while the warp computes one (it needs K % 128 == 0 and
 # N >= 8, else the base kernel runs; its simt engine exists for M = 1 only, other M run base);
-# "seg_r2", "seg_r4": the same ring with each warp's quads on consecutive K segments of 2 or 4
-# rows per lane, so a load reads up to 512 contiguous bytes of a row (mma engine at M <= 4;
-# other calls run regs_s4, and the op reports the kernel that ran).
-VARIANTS = ("base", "regs_s4", "seg_r2", "seg_r4")
-# variant=-1 (the default) picks per call in the kernel's host dispatch: regs_s4 for M <=
-# REGS_MAX_M, base above (csrc/skinny_core.cuh kRegsMaxM, from the H200 comparison in
-# bench/results/h200/skinny_variants_log.txt). default_variant(m) mirrors it for reports.
+# "seg_r4": a register ring too, with each warp's quads on consecutive K segments of 4 rows per
+# lane, so a load reads up to 512 contiguous bytes of a row (mma engine at M <= SEG_MAX_M; other
+# calls run regs_s4).
+VARIANTS = ("base", "regs_s4", "seg_r4")
+# variant=-1 (the default) picks per call in the kernel's host dispatch: seg_r4 for asymmetric
+# weights at M <= SEG_MAX_M, regs_s4 for the rest up to REGS_MAX_M, base above
+# (csrc/skinny_core.cuh default_variant, from the H200 comparisons in bench/results/h200/).
+# default_variant(m, symmetric) mirrors it for reports.
 DEFAULT_VARIANT = -1
 REGS_MAX_M = 8
+SEG_MAX_M = 4
 
 
-def default_variant(m: int) -> int:
-    """The index into VARIANTS that variant=-1 runs at M = m."""
+def default_variant(m: int, symmetric: bool) -> int:
+    """The index into VARIANTS that variant=-1 runs at M = m (on the mma engine; the simt engine
+    runs regs_s4 where this names seg_r4)."""
+    if m <= SEG_MAX_M and not symmetric:
+        return VARIANTS.index("seg_r4")
     return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("base")
 
 
@@ -140,8 +145,12 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     M <= MAX_M; group_size in GROUP_SIZES, so K is a multiple of 32; x rows 16-byte aligned (a
     misaligned x is copied first). qweight may also be the same bytes as int8/uint8 [N, K/2].
     engine: "auto" (tensor cores where the device has them), "mma" or "simt" (the HIP path).
-    variant: an index into VARIANTS, for benchmarking; -1 (the default) picks by M (default_variant).
-    Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics).
+    variant: an index into VARIANTS, for benchmarking; -1 (the default) picks by M and symmetry
+    (default_variant).
+    Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics). Row i is bit-identical
+    for every M that runs the same kernel (under the default: M 1..4, 5..8 and 9..16 with zero
+    points, 1..8 and 9..16 without); across those ranges the summation order changes, and a row
+    can differ in its last bits, within the error bound.
     Raises ContractError before any build or launch, SkinnyUnavailable when it cannot run here.
     """
     if isinstance(qweight, torch.Tensor) and qweight.dtype in (torch.int8, torch.uint8) and qweight.dim() == 2 \

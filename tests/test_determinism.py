@@ -172,8 +172,9 @@ def skinny_run(binary, work, engine: str, dtype: torch.dtype, seed: int) -> tupl
 
 
 ENGINES = {"mma-fp16": ("mma", torch.float16), "simt-bf16": ("simt", torch.bfloat16)}
-# M ranges that run one variant under the default policy.
-VARIANT_RANGES = {"regs_s4": (1, skinny.REGS_MAX_M), "base": (skinny.REGS_MAX_M + 1, skinny.MAX_M)}
+# M ranges that run one variant under the default policy (problem() makes asymmetric weights).
+VARIANT_RANGES = {"seg_r4": (1, skinny.SEG_MAX_M), "regs_s4": (skinny.SEG_MAX_M + 1, skinny.REGS_MAX_M),
+                  "base": (skinny.REGS_MAX_M + 1, skinny.MAX_M)}
 
 
 @pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())
@@ -195,7 +196,7 @@ def test_skinny_rows_independent(plain_emulator, tmp_path, engine, dtype, varian
 @pytest.mark.parametrize("variant", VARIANT_RANGES)
 def test_skinny_same_rows_within_a_variant(plain_emulator, tmp_path, engine, dtype, variant):
     lo, hi = VARIANT_RANGES[variant]
-    assert {skinny.default_variant(m) for m in range(lo, hi + 1)} == {skinny.VARIANTS.index(variant)}
+    assert {skinny.default_variant(m, symmetric=False) for m in range(lo, hi + 1)} == {skinny.VARIANTS.index(variant)}
     run, x = skinny_run(plain_emulator, tmp_path, engine, dtype, seed=lo)
     assert_same_rows_for_every_m(run, x, tuple(sorted({lo, (lo + hi) // 2, hi})))
 

@@ -193,15 +193,19 @@ EMULATED = [
     # The segmented kernels at every M_PAD (1, 2, 4): rows past n, K not a multiple of an iteration (the
     # tail chunks read zeros), warps left without an iteration at split 4, G = 32 and 64.
     ("seg_r4", "mma", 8, 4096, 128, torch.bfloat16, False, 4, {}, "seg_r4"),
-    ("seg_r2", "mma", 200, 2048, 128, torch.float16, True, 3, dict(num_sms=1, row_pad=24), "seg_r2"),
+    ("seg_r4", "mma", 200, 2048, 128, torch.float16, True, 3, dict(num_sms=1, row_pad=24), "seg_r4"),
     ("seg_r4", "mma", 264, 2016, 32, torch.float16, False, 2, dict(num_sms=4), "seg_r4"),
-    ("seg_r2", "mma", 264, 2048, 64, torch.bfloat16, False, 4, dict(num_sms=4, scale_offset=1), "seg_r2"),
-    ("seg_r2", "mma", 64, 2048, 128, torch.bfloat16, True, 1, dict(split=4), "seg_r2"),
+    ("seg_r4", "mma", 264, 2048, 64, torch.bfloat16, False, 4, dict(num_sms=4, scale_offset=1), "seg_r4"),
+    ("seg_r4", "mma", 64, 2048, 128, torch.bfloat16, True, 1, dict(split=4), "seg_r4"),
     ("seg_r4", "mma", 24, 1056, 32, torch.float16, False, 1, {}, "seg_r4"),
     ("seg_r4", "mma", 264, 2048, 128, torch.float16, False, 5, {}, "regs_s4"),  # M > 4: regs_s4 runs
     # K tail: the base kernel runs (the dispatch still reports regs_s4, the variant it settled on).
     ("regs_s4", "mma", 264, 4032, 64, torch.bfloat16, False, 16, {}, "regs_s4"),
-    # The default policy, each side of REGS_MAX_M, with choose_split's split at 132 SMs.
+    # The default policy, each side of SEG_MAX_M and REGS_MAX_M, with and without zero points,
+    # with choose_split's split at 132 SMs.
+    ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.SEG_MAX_M, {}, "seg_r4"),
+    ("default", "mma", 264, 2048, 128, torch.float16, True, skinny.SEG_MAX_M, {}, "regs_s4"),
+    ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.SEG_MAX_M + 1, {}, "regs_s4"),
     ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.REGS_MAX_M, {}, "regs_s4"),
     ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "base"),
     ("default", "simt", 264, 2048, 128, torch.float16, True, 1, {}, "regs_s4"),
@@ -261,8 +265,15 @@ def test_python_limits_match_the_kernel():
     assert tuple(names) == skinny.VARIANTS
     enum = re.search(r"enum Variant : int \{ (.*) \};", core).group(1)
     assert [int(v) for v in re.findall(r"kVariant\w+ = (\d+)", enum)] == list(range(len(skinny.VARIANTS)))
-    assert [skinny.default_variant(m) for m in range(1, skinny.MAX_M + 1)] == \
-        [1] * skinny.REGS_MAX_M + [0] * (skinny.MAX_M - skinny.REGS_MAX_M)
+    assert int(re.search(r"kSegMaxM = (\d+);", core).group(1)) == skinny.SEG_MAX_M
+    assert re.search(r"return m <= kSegMaxM && !symmetric \? kVariantSeg : m <= kRegsMaxM \? kVariantRegs : kVariantBase;",
+                     core), "default_variant in skinny_core.cuh changed: update skinny.default_variant"
+    v = skinny.VARIANTS.index
+    assert [skinny.default_variant(m, False) for m in range(1, skinny.MAX_M + 1)] == \
+        [v("seg_r4")] * skinny.SEG_MAX_M + [v("regs_s4")] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + \
+        [v("base")] * (skinny.MAX_M - skinny.REGS_MAX_M)
+    assert [skinny.default_variant(m, True) for m in range(1, skinny.MAX_M + 1)] == \
+        [v("regs_s4")] * skinny.REGS_MAX_M + [v("base")] * (skinny.MAX_M - skinny.REGS_MAX_M)
 
 
 def test_build_sources_are_the_variant_units():

@@ -24,10 +24,10 @@
 //  * kVariantRegs, "regs_s4" (skinny_pipe_kernel): a register ring of kPipeStages iterations per
 //    lane: the loads of iteration e + kPipeStages - 1 are issued before iteration e is computed,
 //    so kPipeStages - 1 iterations stay in flight while the warp computes.
-//  * kVariantSeg2, "seg_r2", and kVariantSeg4, "seg_r4" (skinny_seg_kernel; mma engine, M <= 4):
-//    the same ring, with the 8 quads of a warp on 8 / M_PAD consecutive k segments of the same
-//    rows, so that one load instruction reads up to 512 contiguous bytes of a row, with 2 or 4
-//    row sets per lane. Other calls run regs_s4.
+//  * kVariantSeg, "seg_r4" (skinny_seg_kernel; mma engine, M <= 4): a register ring too, with
+//    the 8 quads of a warp on 8 / M_PAD consecutive k segments of the same rows, so that one load
+//    instruction reads up to 512 contiguous bytes of a row, and 4 rows per lane. Other calls run
+//    regs_s4.
 #pragma once
 
 #include "compat.h"
@@ -43,45 +43,48 @@ constexpr int kLaneRows = 2;        // rows per lane, in both kernels
 // pairs whatever the warp size: rows per block = kTileRows / split.
 constexpr int kTileRows = kBlockThreads / 4 * kLaneRows;
 constexpr int kMinBlocks = 2;   // both kernels' launch bounds: blocks resident per SM
+// The segmented kernel's largest M (at M_PAD = 8 a segment is the pipelined kernel's 64 bytes,
+// so it would only repeat regs_s4), and its rows per lane.
+constexpr int kSegMaxM = 4;
+constexpr int kSegRowSets = 4;
 constexpr int kPipeStages = 4;  // the pipelined kernel's ring entries per lane
 
 enum class Engine : int { kSimt = 0, kMma = 1 };
 
 // The kernels, for the op's `variant` argument; optimized/skinny.py VARIANTS lists the names in
 // the same order:
-// kVariantNames: base, regs_s4, seg_r2, seg_r4
-enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg2 = 2, kVariantSeg4 = 3 };
-constexpr int kNumVariants = 4;
-constexpr int kAutoVariant = -1;  // default_variant(m), per call
+// kVariantNames: base, regs_s4, seg_r4
+enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg = 2 };
+constexpr int kNumVariants = 3;
+constexpr int kAutoVariant = -1;  // default_variant(m, symmetric), per call
 
-// The default: regs_s4 for M <= kRegsMaxM, base above. On the H200 (mma engine, 5 decode shapes
-// x fp16 sym / bf16 asym at M in {1, 2, 4, 5, 8, 9, 16}; bench/results/h200/skinny_variants_log.txt,
-// v0/v1 = base under its old and its present split policy, v2 = regs_s4), regs_s4 was the
-// fastest of the three in 42 of 50 cells at M <= 8, base in 13 of 20 at M = 9 and 16.
+// The default: seg_r4 for asymmetric weights at M <= kSegMaxM, regs_s4 for the rest up to
+// M = kRegsMaxM, base above. On the H200 (mma engine, 5 decode shapes x fp16 sym / bf16 asym at
+// M in {1, 2, 4, 5, 8, 9, 16}; bench/results/h200/skinny_variants_log.txt, v0/v1 = base under its
+// old and its present split policy, v2 = regs_s4), regs_s4 was the fastest of the three in 42 of
+// 50 cells at M <= 8, base in 13 of 20 at M = 9 and 16. Against seg_r4 at M = 1..4 on every
+// fixture shape (27 shapes; skinny_h200_seg_r4.md against skinny_h200_regs_default.md), regs_s4
+// took 1.074x seg_r4's time with zero points (geometric mean; 1.097x where the floor is >= 7 us;
+// faster in 20 of 108 cells) and 0.999x without (faster in 53 of 108), so symmetric weights keep
+// regs_s4.
 constexpr int kRegsMaxM = 8;
 
-__host__ __device__ constexpr int default_variant(int m) { return m <= kRegsMaxM ? kVariantRegs : kVariantBase; }
-
-// The variant that runs: `variant` itself, or for kAutoVariant the default at m rows.
-__host__ __device__ constexpr int resolve_variant(int variant, int m) {
-  return variant == kAutoVariant ? default_variant(m) : variant;
+__host__ __device__ constexpr int default_variant(int m, bool symmetric) {
+  return m <= kSegMaxM && !symmetric ? kVariantSeg : m <= kRegsMaxM ? kVariantRegs : kVariantBase;
 }
 
-// The segmented kernels' row sets per lane (0 for the others).
-__host__ __device__ constexpr int seg_row_sets(int variant) {
-  return variant == kVariantSeg2 ? 2 : variant == kVariantSeg4 ? 4 : 0;
+// The variant asked for: `variant` itself, or for kAutoVariant the default at m rows.
+__host__ __device__ constexpr int resolve_variant(int variant, int m, bool symmetric) {
+  return variant == kAutoVariant ? default_variant(m, symmetric) : variant;
 }
-// The segmented kernels' largest M. At M_PAD = 8 a segment is the pipelined kernel's 64 bytes,
-// so above M = 4 they would only repeat regs_s4.
-constexpr int kSegMaxM = 4;
 
-// The kernel that runs for a resolved variant: the segmented ones exist for the mma engine at
+// The kernel that runs for a resolved variant: the segmented one exists for the mma engine at
 // M <= kSegMaxM; other calls run regs_s4.
 __host__ __device__ constexpr int settle_variant(int variant, int m, bool mma) {
-  return seg_row_sets(variant) > 0 && (!mma || m > kSegMaxM) ? kVariantRegs : variant;
+  return variant == kVariantSeg && (!mma || m > kSegMaxM) ? kVariantRegs : variant;
 }
 
-// Columns of x a segmented kernel's mma tile holds: M rounded up to a power of two.
+// Columns of x the segmented kernel's mma tile holds: M rounded up to a power of two.
 __host__ __device__ constexpr int seg_m_pad(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : 4; }
 
 // One call's arguments, in the layout of optimized/contract.py (T = half_t or bf16_t):
@@ -700,7 +703,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
 
 #if !W4_HIP
 // ---------------------------------------------------------------------------------------------
-// The segmented kernel (seg_r2, seg_r4; mma engine, M <= kSegMaxM). The mma's 16 A rows need not
+// The segmented kernel (seg_r4; mma engine, M <= kSegMaxM). The mma's 16 A rows need not
 // be 16 weight rows. With M_PAD columns of x in use (M rounded up to 1, 2 or 4) and
 // SEG = 8 / M_PAD, quad q of a warp holds weight row q / SEG of each row set at k segment
 // s = q % SEG (4 chunks, 128 k) of the iteration's SEG segments, and B column q holds x row
@@ -708,16 +711,16 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
 // of that weight row with x row j / SEG: a partial sum wanted when j % SEG == s, discarded
 // otherwise. So a load instruction covers M_PAD rows x SEG * 64 contiguous bytes (at M = 1, 512
 // bytes of one row), with the same mma count per weight as the pipelined kernel.
-// Lane 4 q + t, row set a < R (sets 2 i and 2 i + 1 are rows q and q + 8 of A tile i):
+// Lane 4 q + t, row set a < R = kSegRowSets (sets 2 i and 2 i + 1 are rows q and q + 8 of A tile i):
 //   row   = warp_row0 + M_PAD a + q / SEG (a row past n reads row n - 1 and is never stored);
 //   chunk = 4 (SEG it + s) + t in iteration it = w_k + e * split (e < count); a chunk past k
 //           reads zeros (weights, scale and x), so it adds exactly 0 and any k % 32 == 0 works.
-// The ring holds S entries of R chunks per lane: 4 at R = 2, 3 at R = 4 (which keeps more bytes in
-// flight than regs_s4 and fits 128 registers). A warp's rows start at a multiple of kWarpRows, so
-// its sets share ZW zero-point words: set a's row is in 8-row block (M_PAD a) / 8 of the warp's.
-template <typename T, int M_PAD, int G, bool SYM, int R>
+// The ring holds 3 entries of R chunks per lane (2 iterations, 128 bytes a lane, in flight: more
+// than regs_s4's 96, in 128 registers). A warp's rows start at a multiple of kWarpRows, so its
+// sets share ZW zero-point words: set a's row is in 8-row block (M_PAD a) / 8 of the warp's.
+template <typename T, int M_PAD, int G, bool SYM>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(const SkinnyParams p) {
-  constexpr int SEG = 8 / M_PAD, S = R == 4 ? 3 : 4;
+  constexpr int R = kSegRowSets, SEG = 8 / M_PAD, S = 3;
   constexpr int kIterChunks = 4 * SEG;
   constexpr int kWarps = kBlockThreads / 32;
   constexpr int kWarpRows = R * M_PAD;
@@ -866,15 +869,14 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 
 // Rows a block covers at split 1.
 inline int tile_rows(int variant, int m) {
-  const int sets = seg_row_sets(variant);
-  return sets > 0 ? kBlockThreads / 32 * sets * seg_m_pad(m) : kTileRows;
+  return variant == kVariantSeg ? kBlockThreads / 32 * kSegRowSets * seg_m_pad(m) : kTileRows;
 }
 
 inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int variant) {
   const int warps = kBlockThreads / warp_size;
   const int rows = tile_rows(variant, m);
   if (variant != kVariantBase) {
-    const int iter_k = seg_row_sets(variant) > 0 ? 8 / seg_m_pad(m) * kIterK : kIterK;
+    const int iter_k = variant == kVariantSeg ? 8 / seg_m_pad(m) * kIterK : kIterK;
     const int iters = (k + iter_k - 1) / iter_k;
     const int slots = num_sms * kMinBlocks;
     double best = -1.0;
@@ -923,24 +925,24 @@ void launch_tile(const SkinnyParams& p, stream_t stream) {
 }
 
 #if !W4_HIP
-template <typename T, int M_PAD, int G, bool SYM, int R>
+template <typename T, int M_PAD, int G, bool SYM>
 void launch_seg_tile(const SkinnyParams& p, stream_t stream) {
-  const int block_rows = kBlockThreads / 32 / p.split * R * M_PAD;
+  const int block_rows = kBlockThreads / 32 / p.split * kSegRowSets * M_PAD;
   const int blocks = (p.n + block_rows - 1) / block_rows;
 #if W4_EMU
   (void)stream;
-  ::w4emu::launch(skinny_seg_kernel<T, M_PAD, G, SYM, R>, blocks, kBlockThreads, p);
+  ::w4emu::launch(skinny_seg_kernel<T, M_PAD, G, SYM>, blocks, kBlockThreads, p);
 #else
-  skinny_seg_kernel<T, M_PAD, G, SYM, R><<<blocks, kBlockThreads, 0, stream>>>(p);
+  skinny_seg_kernel<T, M_PAD, G, SYM><<<blocks, kBlockThreads, 0, stream>>>(p);
 #endif
 }
 
-template <typename T, int G, bool SYM, int R>
+template <typename T, int G, bool SYM>
 void launch_seg(const SkinnyParams& p, stream_t stream) {
   switch (seg_m_pad(p.m)) {
-    case 1: return launch_seg_tile<T, 1, G, SYM, R>(p, stream);
-    case 2: return launch_seg_tile<T, 2, G, SYM, R>(p, stream);
-    default: return launch_seg_tile<T, 4, G, SYM, R>(p, stream);
+    case 1: return launch_seg_tile<T, 1, G, SYM>(p, stream);
+    case 2: return launch_seg_tile<T, 2, G, SYM>(p, stream);
+    default: return launch_seg_tile<T, 4, G, SYM>(p, stream);
   }
 }
 #endif
@@ -968,8 +970,7 @@ void launch_m(const SkinnyParams& p, stream_t stream) {
 // (T, E, V) in its own translation unit (skinny_inst_v*.cu, declared in skinny_instances.h).
 template <typename T, Engine E, int V>
 void launch_variant(const SkinnyParams& p, stream_t stream) {
-  constexpr int kSegSets = seg_row_sets(V);
-  if constexpr (kSegSets > 0) {
+  if constexpr (V == kVariantSeg) {
 #if W4_HIP
     return launch_variant<T, E, kVariantRegs>(p, stream);
 #else
@@ -980,9 +981,9 @@ void launch_variant(const SkinnyParams& p, stream_t stream) {
       if (static_cast<int64_t>(p.n) * (p.k / kLaneK) > INT32_MAX) return launch_variant<T, E, kVariantBase>(p, stream);
       const bool sym = p.zeros == nullptr;
       switch (p.group_size) {
-        case 32: return sym ? launch_seg<T, 32, true, kSegSets>(p, stream) : launch_seg<T, 32, false, kSegSets>(p, stream);
-        case 64: return sym ? launch_seg<T, 64, true, kSegSets>(p, stream) : launch_seg<T, 64, false, kSegSets>(p, stream);
-        default: return sym ? launch_seg<T, 128, true, kSegSets>(p, stream) : launch_seg<T, 128, false, kSegSets>(p, stream);
+        case 32: return sym ? launch_seg<T, 32, true>(p, stream) : launch_seg<T, 32, false>(p, stream);
+        case 64: return sym ? launch_seg<T, 64, true>(p, stream) : launch_seg<T, 64, false>(p, stream);
+        default: return sym ? launch_seg<T, 128, true>(p, stream) : launch_seg<T, 128, false>(p, stream);
       }
     }
 #endif
@@ -1007,8 +1008,7 @@ template <typename T, Engine E>
 void launch_engine(const SkinnyParams& p, stream_t stream) {
   switch (p.variant) {
     case kVariantRegs: return launch_variant<T, E, kVariantRegs>(p, stream);
-    case kVariantSeg2: return launch_variant<T, E, kVariantSeg2>(p, stream);
-    case kVariantSeg4: return launch_variant<T, E, kVariantSeg4>(p, stream);
+    case kVariantSeg: return launch_variant<T, E, kVariantSeg>(p, stream);
     default: return launch_variant<T, E, kVariantBase>(p, stream);
   }
 }

@@ -1,5 +1,5 @@
 // Runs one call of the skinny kernel on the CPU emulation (skinny_emu.h), through the same host
-// dispatch as the extension (resolve_variant, choose_split, launch_skinny). Built and driven by
+// dispatch as the extension (resolve_variant, settle_variant, choose_split, launch_skinny). Built and driven by
 // tests/test_skinny_compile.py; not part of the extension.
 //
 //   skinny_emulate IN OUT
@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
   p.k = static_cast<int>(k);
   p.group_size = static_cast<int>(g);
   const w4::Engine engine = h[9] ? w4::Engine::kMma : w4::Engine::kSimt;
-  p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(h[8]), p.m), p.m, engine == w4::Engine::kMma);
+  p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(h[8]), p.m, p.zeros == nullptr), p.m,
+                                 engine == w4::Engine::kMma);
   p.split = h[12] > 0 ? static_cast<int>(h[12])
                       : w4::choose_split(p.n, p.m, p.k, static_cast<int>(h[10]), 32, p.variant);
 
