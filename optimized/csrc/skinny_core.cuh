@@ -115,29 +115,25 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
-// Weights are read exactly once: keep them out of L1 so that x stays there. The segmented
-// kernels' loads are whole 128-byte lines or more, which the H200 streams fastest without an L2
-// prefetch (bench/results/h200/skinny_load_probe.md); the others' 64-byte pieces gain from one.
-__device__ __forceinline__ uint4 load_weights_lines(const uint4* p) {
-#if W4_HIP || W4_EMU
-  return *p;
-#else
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-#endif
-}
-
+// Weights are read exactly once: keep them out of L1 so that x stays there. PREFETCH adds an L2
+// prefetch of 256 bytes, which the pipelined kernels' 64-byte pieces of a row gain from; the
+// segmented kernel's loads are whole 128-byte lines or more, which the H200 streams fastest without
+// it (bench/results/h200/skinny_load_probe.md).
+template <bool PREFETCH = true>
 __device__ __forceinline__ uint4 load_weights(const uint4* p) {
 #if W4_HIP || W4_EMU
   return *p;
 #else
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
+  if constexpr (PREFETCH) {
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+  } else {
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+  }
   return v;
 #endif
 }
@@ -483,9 +479,11 @@ struct MmaPipeAccumulator {
 #endif  // !W4_HIP
 
 
-// Each output is the sum of its `split` partials (red: [split][block_rows][M_TILE]) in K order,
-// plus bias, rounded once. Called by every thread of the block after a barrier.
-template <typename T, int M_TILE>
+// Each output is the sum of its split * PARTS partials in K order, plus bias, rounded once. red:
+// [split][block_rows][ROW] with output m of a row at entries PARTS m .. PARTS m + PARTS - 1 (the
+// pipelined and base kernels: ROW = M_TILE, PARTS = 1). Called by every thread of the block after
+// a barrier.
+template <typename T, int ROW, int PARTS = 1>
 __device__ __forceinline__ void store_outputs(const SkinnyParams& p, const float* red, int block_rows) {
   T* __restrict__ y = static_cast<T*>(p.y);
   const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
@@ -494,7 +492,9 @@ __device__ __forceinline__ void store_outputs(const SkinnyParams& p, const float
     const int n = blockIdx.x * block_rows + r;
     if (n >= p.n) continue;
     float v = 0.f;
-    for (int s = 0; s < p.split; ++s) v += red[(s * block_rows + r) * M_TILE + m];
+    for (int s = 0; s < p.split; ++s)
+#pragma unroll
+      for (int part = 0; part < PARTS; ++part) v += red[(s * block_rows + r) * ROW + PARTS * m + part];
     if (bias != nullptr) v += bits_to_float<T>(W4_LDG(bias + n));
     y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
   }
@@ -767,7 +767,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
     const int group = chunk / (G / kLaneK);
 #pragma unroll
     for (int a = 0; a < R; ++a) {
-      wr[slot][a] = ok ? detail::load_weights_lines(qw + rows[a] * kc + chunk) : make_uint4(0u, 0u, 0u, 0u);
+      const uint4* wp = qw + rows[a] * kc + chunk;
+      wr[slot][a] = ok ? detail::load_weights</*PREFETCH=*/false>(wp) : make_uint4(0u, 0u, 0u, 0u);
       sr[slot][a] = ok ? W4_LDG(scales + rows[a] * groups + group) : 0u;
     }
 #pragma unroll
@@ -827,21 +828,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
       if (j % SEG == seg) slice[(M_PAD * (2 * i + c / 2) + pr) * 8 + j] = acc[i][c];
     }
   __syncthreads();
-
-  // Each output: its split * SEG partial sums in a fixed order, plus bias, rounded once.
-  T* __restrict__ y = static_cast<T*>(p.y);
-  const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
-  for (int idx = threadIdx.x; idx < block_rows * p.m; idx += kBlockThreads) {
-    const int m = idx / block_rows, r = idx % block_rows;
-    const int n = blockIdx.x * block_rows + r;
-    if (n >= p.n) continue;
-    float v = 0.f;
-    for (int w = 0; w < p.split; ++w)
-#pragma unroll
-      for (int sg = 0; sg < SEG; ++sg) v += red[(w * block_rows + r) * 8 + SEG * m + sg];
-    if (bias != nullptr) v += bits_to_float<T>(W4_LDG(bias + n));
-    y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
-  }
+  detail::store_outputs<T, 8, SEG>(p, red, block_rows);
 }
 #endif  // !W4_HIP
 
