@@ -502,29 +502,28 @@ V = TileConfig
 # bound: `fit_config` with HOPPER's target_programs and SPLIT_BELOW picks the split per shape.
 VARIANT_CANDIDATES: dict[str, tuple[TileConfig, ...]] = {
     "decode": (
-        # GEMV (CUDA cores), one row of x: K-tiles of 1, 2 and 4 groups.
-        V(1, 128, 128, 8, 4, 3),
-        V(1, 64, 256, 8, 4, 1),
-        V(1, 128, 256, 8, 4, 1),
-        V(1, 64, 256, 8, 4, 3),
+        # GEMV (CUDA cores), one row of x: the table's tile, then taller N-tiles of one group (each
+        # x value reused over more rows of a thread) and more K-splits (more loads in flight).
         V(1, 64, 512, 8, 4, 1),
-        V(1, 128, 512, 8, 8, 1),
-        # GEMV, several rows of x per program (each dequantized weight reused per row; sm_90
-        # registers without spills: 128, 185 and 254 a thread).
-        V(2, 32, 256, 8, 4, 1, path="gemv"),
-        V(4, 32, 256, 8, 4, 1, path="gemv"),
-        V(2, 64, 256, 8, 4, 1, path="gemv"),
-        # Tensor cores, 16 rows of x as the A operand: wider K-tiles, dequant in bf16.
-        V(16, 64, 128, 8, 4, 4),
-        V(16, 64, 256, 8, 4, 4),
-        V(16, 64, 256, 8, 4, 4, dequant="half"),
-        V(16, 64, 512, 8, 4, 3, dequant="half"),
-        V(16, 128, 256, 8, 8, 3, dequant="half"),
+        V(1, 128, 128, 8, 4, 1),
+        V(1, 256, 128, 8, 4, 1),
+        V(1, 256, 128, 32, 4, 1),
+        V(1, 256, 128, 32, 4, 2),
+        V(1, 512, 128, 32, 8, 1),
+        V(1, 128, 256, 32, 4, 1),
+        V(1, 256, 64, 32, 4, 1),
+        # GEMV, several rows of x per program (each dequantized weight reused per row).
+        V(2, 128, 128, 16, 4, 1, path="gemv"),
+        V(4, 64, 128, 16, 4, 1, path="gemv"),
+        V(4, 128, 128, 16, 4, 1, path="gemv"),
+        V(8, 32, 128, 16, 4, 1, path="gemv"),
         # Tensor cores, the weight tile as the A operand (wgmma from registers on Hopper).
-        V(16, 64, 256, 8, 4, 4, path="dot_swap", dequant="half"),
         V(16, 128, 128, 8, 4, 4, path="dot_swap", dequant="half"),
-        V(16, 128, 256, 8, 8, 3, path="dot_swap", dequant="half"),
-        V(16, 64, 256, 8, 4, 2, path="dot_swap", dequant="half"),
+        V(16, 128, 128, 32, 4, 4, path="dot_swap", dequant="half"),
+        V(16, 64, 256, 16, 4, 4, path="dot_swap", dequant="half"),
+        V(16, 128, 256, 16, 8, 3, path="dot_swap", dequant="half"),
+        V(16, 256, 128, 16, 8, 3, path="dot_swap", dequant="half"),
+        V(16, 64, 128, 32, 4, 4, path="dot_swap", dequant="half"),
     ),
     # M = 17..256, the weakest range on the H200 (8-26% of the floor at M = 128, below gemlite).
     # The table's 32, 64, 128 and 256 bucket configs first, then more programs per SM (narrower
@@ -555,7 +554,7 @@ VARIANT_CANDIDATES: dict[str, tuple[TileConfig, ...]] = {
 VARIANT_SHAPES = ((4096, 28672), (8192, 57344), (28672, 8192), (8192, 10240))  # (K, N)
 VARIANT_M = {"decode": (1, 4, 16), "mid": (32, 64, 128, 256), "prefill": (4096,)}
 # Peers timed per shape: tinygemm only at decode M (it is a GEMV kernel).
-VARIANT_PEERS = {"dense": (1, 4, 16, 32, 64, 128, 256, 4096), "tinygemm": (1, 4, 16)}
+VARIANT_PEERS = {"dense": (1, 4, 16, 32, 64, 128, 256, 4096), "tinygemm": (1, 4, 16), "gemlite": (1, 4, 16)}
 SPLIT_BELOW = 2 * 132  # no split-K once the N-tiles are twice the H200's SMs
 # Correctness before timing, bf16 asymmetric without bias (the timed specialization, so the check
 # compiles what the timing runs): (K, N, M, force no split). N is a multiple of 16 (as every timed
@@ -571,8 +570,8 @@ CHECK_TIMEOUT_S = 150.0
 VARIANTS_CHECK_SHARE = 0.45  # of the variants budget, at most, for the checks
 
 
-def variant_list() -> list[tuple[str, int, TileConfig]]:
-    return [(kind, i, cfg) for kind, cfgs in VARIANT_CANDIDATES.items() for i, cfg in enumerate(cfgs)]
+def variant_list(kinds: tuple[str, ...] = tuple(VARIANT_CANDIDATES)) -> list[tuple[str, int, TileConfig]]:
+    return [(kind, i, cfg) for kind, cfgs in VARIANT_CANDIDATES.items() if kind in kinds for i, cfg in enumerate(cfgs)]
 
 
 def variant_fit(cfg: TileConfig, n: int, k: int) -> TileConfig:
@@ -681,13 +680,14 @@ def check_variants(todo: list[tuple[str, int]], deadline: float, dry: bool) -> d
 CHECK_TAG = "VARIANT_CHECK "
 
 
-def run_variants(clock: Clock, bandwidth: float, rate: float, seed: int) -> dict:
+def run_variants(clock: Clock, bandwidth: float, rate: float, seed: int,
+                 kinds: tuple[str, ...] = tuple(VARIANT_CANDIDATES)) -> dict:
     plan = variant_plan()
     start = time.perf_counter()
     budget = clock.deadline["variants"] - start
-    checks = check_variants([(kind, i) for kind, i, _ in variant_list()],
+    checks = check_variants([(kind, i) for kind, i, _ in variant_list(kinds)],
                             start + VARIANTS_CHECK_SHARE * budget, dry=False)
-    passed = [(kind, i, cfg) for kind, i, cfg in variant_list() if checks[(kind, i)].get("passed")]
+    passed = [(kind, i, cfg) for kind, i, cfg in variant_list(kinds) if checks[(kind, i)].get("passed")]
     log(f"[{clock.elapsed():6.1f}s] variants: {len(passed)} of {len(checks)} candidates passed their checks "
         f"({time.perf_counter() - start:.1f}s)")
     for key, c in checks.items():
@@ -712,7 +712,11 @@ def run_variants(clock: Clock, bandwidth: float, rate: float, seed: int) -> dict
         except Exception as e:  # noqa: BLE001
             rows.append({"k": k, "n": n, "error": error_text(e)})
             continue
-        for name, ms in VARIANT_PEERS.items():
+        timed_m = {m for kind in kinds for m in VARIANT_M[kind]}
+        for name, all_ms in VARIANT_PEERS.items():
+            ms = [m for m in all_ms if m in timed_m]
+            if not ms or name not in PROVIDERS:
+                continue
             build, copy_bytes, _ = PROVIDERS[name]
             try:
                 fns = build(w, copies_for(copy_bytes(k, n)))
@@ -989,6 +993,8 @@ def main() -> int:
                         help="total seconds for the sections (default: the sum of their defaults, "
                              f"{SECTION_SECONDS})")
     parser.add_argument("--shapes", default="", help="only shapes whose id contains this text")
+    parser.add_argument("--kinds", default=",".join(VARIANT_CANDIDATES),
+                        help=f"variants: comma-separated candidate groups of {list(VARIANT_CANDIDATES)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dry-run", action="store_true", help="CPU only: case lists and nominal floors")
     parser.add_argument("--sanitize", action="store_true", help="a few small runs of every path, for compute-sanitizer")
@@ -1030,7 +1036,10 @@ def main() -> int:
                 log(f"sweep M={m}: best {b['best']} {fmt(b['geomean_pct'].get(b['best']))}% of floor "
                     f"(table {fmt(b['table_geomean_pct'])}%)")
         if "variants" in sections:
-            result["variants"] = run_variants(clock, bandwidth, rate, args.seed)
+            kinds = tuple(k for k in args.kinds.split(",") if k)
+            if set(kinds) - set(VARIANT_CANDIDATES):
+                parser.error(f"unknown kinds {kinds}; choose from {list(VARIANT_CANDIDATES)}")
+            result["variants"] = run_variants(clock, bandwidth, rate, args.seed, kinds)
     finally:
         result["elapsed_s"] = clock.elapsed()
         if "variants" in result:

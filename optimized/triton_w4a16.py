@@ -81,62 +81,96 @@ def _to_output(v, OUT_DTYPE: tl.constexpr):
         return v.to(OUT_DTYPE)
 
 
-@triton.jit
-def _nibble_x16(packed, P: tl.constexpr):
-    """Nibble P of every packed word as the fp32 2^23 + 16 q. The nibble is moved to bits 4..7
-    and ORed into the mantissa of 2^23, whose unit there is 16, so subtracting 2^23 + 16 z leaves
-    16 (q - z) exactly without an int -> float conversion (a quarter-rate instruction). Bits 4..7
-    rather than 0..3 because `>> s & 0xF` compiles to a two-instruction bit-field extract on
-    NVIDIA, while `& 0xF0` and the OR fuse into one LOP3 (and nibble 1 needs no shift at all).
-    An arithmetic shift smears the sign bit into the high bits; the mask drops them."""
-    if P == 0:
-        v = (packed << 4) & 0xF0
-    elif P == 1:
-        v = packed & 0xF0
-    else:
-        v = (packed >> (4 * P - 4)) & 0xF0
-    return (v | 0x4B000000).to(tl.float32, bitcast=True)
+# Float bits of 2^27, the magic number of nibble class 0 (see `_nibble_x16`). The kernel takes it as
+# a run-time argument so that it lives in a register: a LOP3 takes one immediate, and with the mask
+# and the magic both immediates the mask-and-OR costs two instructions instead of one.
+NIBBLE_MAGIC = 0x4D000000
 
 
 @triton.jit
-def _nibble_half(packed, P: tl.constexpr, XT: tl.constexpr):
-    """Nibble P of every packed word as the x.dtype value MAGIC + q, exactly: the nibble is ORed
-    into the mantissa of MAGIC (fp16 1024, bf16 128), whose unit there is 1. MAGIC + q - (MAGIC + z)
-    is then q - z exactly in x.dtype, and one multiply by s rounds (q - z) * s once, the same value
-    the fp32 route produces."""
-    if P == 0:
-        v = packed & 0xF
+def _nibble_x16(packed, high, P: tl.constexpr, magic0):
+    """Nibble P of every packed word as the fp32 2^e + 16 q, exactly, in one LOP3 (mask and OR).
+    The nibble stays where it is and is ORed into the mantissa of a power of two 2^e chosen so
+    that the mantissa's unit at the nibble's position is 16: e = 27 - 4c for a nibble at bits
+    4c..4c+3 (c = 0..4, magic0 - c * 2^25 is 2^e's bit pattern). Subtracting 2^e + 16 z
+    (`_x16_offset`) then leaves 16 (q - z) exactly, with no int -> float conversion (a
+    quarter-rate instruction) and no shift. Nibbles 5..7 straddle the exponent there, so they come
+    from `high` = packed >> 16 (one shift per word, shared by three nibbles; an arithmetic shift
+    smears the sign bit into bits the masks drop)."""
+    C: tl.constexpr = P if P < 5 else P - 4
+    if P < 5:
+        src = packed
     else:
-        v = (packed >> (4 * P)) & 0xF
-    if XT == tl.bfloat16:
-        v = v | 0x4300
-    else:
-        v = v | 0x6400
-    return v.to(tl.int16).to(XT, bitcast=True)
+        src = high
+    return ((src & (0xF << (4 * C))) | (magic0 - C * 0x2000000)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _dequant_plane(packed, P: tl.constexpr, off, sc, XT: tl.constexpr, DQ_HALF: tl.constexpr,
-                   DOT_IN_FP32: tl.constexpr):
-    """Nibble plane P of a [BLOCK_N, GT, WPS] word tile as tl.dot operand values: (q - z) * s
-    rounded once to x.dtype (widened back to fp32 under DOT_IN_FP32). `off` and `sc` broadcast
-    over the words of each group; their form depends on the route (see the kernel)."""
-    if DQ_HALF:
-        if DOT_IN_FP32:
-            # The interpreter's bf16 arithmetic is wrong (triton 3.9): same values through fp32.
-            return _round_to_bf16((_nibble_half(packed, P, XT).to(tl.float32) - off) * sc).to(tl.float32)
-        else:
-            return (_nibble_half(packed, P, XT) - off) * sc
+def _x16_offset(z16, P: tl.constexpr):
+    """2^e + 16 z for nibble P's class (`_nibble_x16`); z16 = 16 z as fp32 (exact sums: both terms
+    are multiples of 16 below 2^28)."""
+    C: tl.constexpr = P if P < 5 else P - 4
+    if C == 0:
+        return z16 + 134217728.0
+    elif C == 1:
+        return z16 + 8388608.0
+    elif C == 2:
+        return z16 + 524288.0
+    elif C == 3:
+        return z16 + 32768.0
     else:
-        w = (_nibble_x16(packed, P) - off) * sc
-        if DOT_IN_FP32:
-            return _round_to_bf16(w).to(tl.float32)
-        else:
-            return w.to(XT)
+        return z16 + 2048.0
 
 
-# M and the K-tile counts vary from call to call: specializing on them would only multiply
-# compilations. The strides stay specialized (divisibility by 16 proves wide loads aligned).
+# Bits of the x.dtype pair (MAGIC, MAGIC) (fp16 1024, bf16 128) that `_dequant_pairs` ORs nibbles
+# into; a run-time argument for the same reason as NIBBLE_MAGIC.
+HALF_MAGIC = {torch.float16: 0x64006400, torch.bfloat16: 0x43004300}
+
+
+@triton.jit
+def _dequant_pair(packed, I: tl.constexpr, off, sc, magic_half, XT: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """Nibbles I and I + 4 of every word (columns 8j + I and 8j + I + 4) as [..., 2] x.dtype
+    (q - z) * s, both out of one register: one mask-and-OR puts the two nibbles into the mantissas
+    of a (MAGIC, MAGIC) pair, whose unit there is 1, so MAGIC + q - (MAGIC + z) is q - z exactly
+    and the multiply by s rounds once (the value the fp32 route gives). The halves are joined in
+    register order, so the subtract and multiply run as packed half2 instructions."""
+    if I == 0:
+        t = packed & 0x000F000F
+    else:
+        t = (packed >> (4 * I)) & 0x000F000F
+    t = t | magic_half
+    pair = tl.join(t.to(tl.int16).to(XT, bitcast=True), (t >> 16).to(tl.int16).to(XT, bitcast=True))
+    if DOT_IN_FP32:
+        # The interpreter's bf16 arithmetic is wrong (triton 3.9): same values through fp32.
+        return _round_to_bf16((pair.to(tl.float32) - off) * sc).to(tl.float32)
+    else:
+        return (pair - off) * sc
+
+
+@triton.jit
+def _dequant_pairs(packed, off, sc, magic_half, XT: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """A [BLOCK_N, GT, WPS] word tile as [BLOCK_N, GT, WPS, 8] tl.dot operand values, nibble P
+    of word j at [..., j, P]; `off` (MAGIC + z) and `sc` broadcast as [BLOCK_N, GT, 1, 1]."""
+    w = tl.join(tl.join(_dequant_pair(packed, 0, off, sc, magic_half, XT, DOT_IN_FP32),
+                        _dequant_pair(packed, 1, off, sc, magic_half, XT, DOT_IN_FP32)),
+                tl.join(_dequant_pair(packed, 2, off, sc, magic_half, XT, DOT_IN_FP32),
+                        _dequant_pair(packed, 3, off, sc, magic_half, XT, DOT_IN_FP32)))
+    # Axes [..., h, I % 2, I // 2] hold nibble I + 4h; swapping the last two orders them by nibble.
+    return tl.permute(w, (0, 1, 2, 3, 5, 4))
+
+
+@triton.jit
+def _dequant_plane(packed, high, P: tl.constexpr, z16, sc, magic0, XT: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """Nibble plane P of a [BLOCK_N, GT, WPS] word tile as tl.dot operand values, through fp32:
+    (q - z) * s rounded once to x.dtype (widened back to fp32 under DOT_IN_FP32). z16 (16 z) and
+    sc (s / 16) broadcast over the words of each group."""
+    w = (_nibble_x16(packed, high, P, magic0) - _x16_offset(z16, P)) * sc
+    if DOT_IN_FP32:
+        return _round_to_bf16(w).to(tl.float32)
+    else:
+        return w.to(XT)
+
+
 @triton.jit(do_not_specialize=["M", "TILES_PER_GROUP", "TILES_PER_SPLIT"])
 def _w4a16_kernel(
     # Pointers: see `w4a16_matmul` for dtypes and layouts. out_ptr is the output [M, N], or with
@@ -147,6 +181,8 @@ def _w4a16_kernel(
     stride_xm, stride_qn, stride_gn,
     TILES_PER_GROUP,  # G // BLOCK_K when a K-tile lies inside one group, else 1
     TILES_PER_SPLIT,  # K-tiles each split sums
+    magic0,  # NIBBLE_MAGIC
+    magic_half,  # HALF_MAGIC[x.dtype]
     # Meta-parameters. PATH: 0 GEMV (CUDA cores, BLOCK_M rows of x per program, 1..8), 1 tensor
     # cores with x as the A operand, 2 tensor cores with the weight tile as the A operand (acc is
     # [BLOCK_N, BLOCK_M]). GROUPS_PER_TILE: quant groups per K-tile (BLOCK_K // G when BLOCK_K > G,
@@ -197,6 +233,8 @@ def _w4a16_kernel(
     else:
         x_ptrs = x_ptr + rows_m[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
 
+    if PATH == 0 and BLOCK_M == 1:
+        acc_words = tl.zeros([BLOCK_N, GT, WPS], dtype=tl.float32)
     if PATH == 2:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
@@ -210,26 +248,32 @@ def _w4a16_kernel(
         s = tl.load(s_ptrs + g)  # [BLOCK_N, GT]
         if HAS_ZEROS:
             z = (tl.load(z_ptrs + g) >> z_shift) & 0xF
+        high = packed >> 16
         if PATH == 0:
             if HAS_ZEROS:
-                offset = (z * 16).to(tl.float32)[:, :, None] + 8388608.0
+                z16 = (z * 16).to(tl.float32)[:, :, None]
             else:
-                offset = tl.full([BLOCK_N, GT, 1], 8388736.0, tl.float32)  # 2^23 + 16 * 8: symmetric z = 8
+                z16 = tl.full([BLOCK_N, GT, 1], 128.0, tl.float32)  # symmetric: z = 8
             # The nibbles carry a factor 16 (`_nibble_x16`); s / 16 is exact and removes it.
             sc = s.to(tl.float32) * 0.0625
             x_tile = x_ptrs + t * BLOCK_K
             if BLOCK_M == 1:
-                # One FMA per weight across the eight planes; one sum per group and tile, scaled once.
-                part = (_nibble_x16(packed, 0) - offset) * tl.load(x_tile).to(tl.float32)[None, :, :]
+                # One FMA per weight across the eight planes, a word's eight exact products summed in
+                # fp32 and scaled once; the sums over words wait until after the loop.
+                part = (_nibble_x16(packed, high, 0, magic0) - _x16_offset(z16, 0)) * \
+                    tl.load(x_tile).to(tl.float32)[None, :, :]
                 for p in tl.static_range(1, 8):
-                    part += (_nibble_x16(packed, p) - offset) * tl.load(x_tile + p).to(tl.float32)[None, :, :]
-                acc += tl.sum(tl.sum(part, axis=2) * sc, axis=1)[None, :]
+                    part += (_nibble_x16(packed, high, p, magic0) - _x16_offset(z16, p)) * \
+                        tl.load(x_tile + p).to(tl.float32)[None, :, :]
+                acc_words += part * sc[:, :, None]
             else:
                 # Each plane's (q - z) is computed once and multiplies every row of x.
-                offset = offset[None, :, :, :]
-                part = (_nibble_x16(packed, 0) - offset) * tl.load(x_tile).to(tl.float32)[:, None, :, :]
+                z16 = z16[None, :, :, :]
+                part = (_nibble_x16(packed, high, 0, magic0) - _x16_offset(z16, 0)) * \
+                    tl.load(x_tile).to(tl.float32)[:, None, :, :]
                 for p in tl.static_range(1, 8):
-                    part += (_nibble_x16(packed, p) - offset) * tl.load(x_tile + p).to(tl.float32)[:, None, :, :]
+                    part += (_nibble_x16(packed, high, p, magic0) - _x16_offset(z16, p)) * \
+                        tl.load(x_tile + p).to(tl.float32)[:, None, :, :]
                 acc += tl.sum(tl.sum(part, axis=3) * sc[None, :, :], axis=2)
         else:
             if DQ_HALF:
@@ -242,29 +286,29 @@ def _w4a16_kernel(
                 else:
                     off = tl.full([BLOCK_N, GT], 8.0 + magic, tl.float32)
                 if DOT_IN_FP32:
-                    off = off[:, :, None]
-                    sc = s.to(tl.float32)[:, :, None]
+                    sc = s.to(tl.float32)
                 else:
-                    off = off.to(XT)[:, :, None]
-                    sc = s[:, :, None]
+                    off = off.to(XT)
+                    sc = s
+                w = _dequant_pairs(packed, off[:, :, None, None], sc[:, :, None, None], magic_half, XT, DOT_IN_FP32)
             else:
                 if HAS_ZEROS:
-                    off = (z * 16).to(tl.float32)[:, :, None] + 8388608.0
+                    z16 = (z * 16).to(tl.float32)[:, :, None]
                 else:
-                    off = tl.full([BLOCK_N, GT, 1], 8388736.0, tl.float32)
+                    z16 = tl.full([BLOCK_N, GT, 1], 128.0, tl.float32)
                 sc = (s.to(tl.float32) * 0.0625)[:, :, None]
-            # Interleaving the planes this way puts nibble P of word j at column 8j + P.
-            w = tl.interleave(
-                tl.interleave(
-                    tl.interleave(_dequant_plane(packed, 0, off, sc, XT, DQ_HALF, DOT_IN_FP32),
-                                  _dequant_plane(packed, 4, off, sc, XT, DQ_HALF, DOT_IN_FP32)),
-                    tl.interleave(_dequant_plane(packed, 2, off, sc, XT, DQ_HALF, DOT_IN_FP32),
-                                  _dequant_plane(packed, 6, off, sc, XT, DQ_HALF, DOT_IN_FP32))),
-                tl.interleave(
-                    tl.interleave(_dequant_plane(packed, 1, off, sc, XT, DQ_HALF, DOT_IN_FP32),
-                                  _dequant_plane(packed, 5, off, sc, XT, DQ_HALF, DOT_IN_FP32)),
-                    tl.interleave(_dequant_plane(packed, 3, off, sc, XT, DQ_HALF, DOT_IN_FP32),
-                                  _dequant_plane(packed, 7, off, sc, XT, DQ_HALF, DOT_IN_FP32))))
+                # Interleaving the planes this way puts nibble P of word j at column 8j + P.
+                w = tl.interleave(
+                    tl.interleave(
+                        tl.interleave(_dequant_plane(packed, high, 0, z16, sc, magic0, XT, DOT_IN_FP32),
+                                      _dequant_plane(packed, high, 4, z16, sc, magic0, XT, DOT_IN_FP32)),
+                        tl.interleave(_dequant_plane(packed, high, 2, z16, sc, magic0, XT, DOT_IN_FP32),
+                                      _dequant_plane(packed, high, 6, z16, sc, magic0, XT, DOT_IN_FP32))),
+                    tl.interleave(
+                        tl.interleave(_dequant_plane(packed, high, 1, z16, sc, magic0, XT, DOT_IN_FP32),
+                                      _dequant_plane(packed, high, 5, z16, sc, magic0, XT, DOT_IN_FP32)),
+                        tl.interleave(_dequant_plane(packed, high, 3, z16, sc, magic0, XT, DOT_IN_FP32),
+                                      _dequant_plane(packed, high, 7, z16, sc, magic0, XT, DOT_IN_FP32))))
             w = tl.reshape(w, [BLOCK_N, BLOCK_K])
             x = tl.load(x_ptrs + t * BLOCK_K)
             if DOT_IN_FP32:
@@ -275,6 +319,8 @@ def _w4a16_kernel(
                 acc = tl.dot(x, tl.trans(w), acc)
     if PATH == 2:
         acc = tl.trans(acc)
+    if PATH == 0 and BLOCK_M == 1:
+        acc += tl.sum(tl.sum(acc_words, axis=2), axis=1)[None, :]
 
     out_rows = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -361,6 +407,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         x, qweight.view(torch.int32), scales, scales if zeros is None else zeros.view(torch.int32),
         out if bias is None else bias, target,
         p.m, p.n, p.k, x.stride(0), p.k // 8, p.k // p.group, max(1, p.group // config.block_k), tiles_per_split,
+        NIBBLE_MAGIC, HALF_MAGIC[x.dtype],
         **kernel_constexprs(config, p.group, split > 1, zeros is not None, bias is not None,
                             UNDER_INTERPRETER and x.dtype == torch.bfloat16),
         num_warps=config.num_warps, num_stages=config.num_stages,
