@@ -111,7 +111,7 @@ T = TileConfig
 # of their tiles at G = 32 and for 64x128x32 tiles at any G, while the swapped path compiles for
 # every bucket and group size (tests/test_triton_kernel.py compiles them with that Triton).
 HOPPER = TileTable("hopper", target_programs=4 * 132, buckets=(
-    (1, T(1, 64, 512, split_k=8, num_warps=4, num_stages=1)),
+    (1, T(1, 128, 128, split_k=8, num_warps=4, num_stages=1)),
     (16, T(16, 128, 128, split_k=8, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
     (32, T(32, 64, 128, split_k=4, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
     (64, T(64, 64, 128, split_k=2, num_warps=4, num_stages=3, path="dot_swap", dequant="half")),

@@ -122,55 +122,48 @@ def _x16_offset(z16, P: tl.constexpr):
         return z16 + 2048.0
 
 
-# Bits of the x.dtype pair (MAGIC, MAGIC) (fp16 1024, bf16 128) that `_dequant_pairs` ORs nibbles
-# into; a run-time argument for the same reason as NIBBLE_MAGIC.
-HALF_MAGIC = {torch.float16: 0x64006400, torch.bfloat16: 0x43004300}
+@triton.jit
+def _nibble_half(packed, P: tl.constexpr, XT: tl.constexpr):
+    """Nibble P of every packed word as the x.dtype value MAGIC + q, exactly: the nibble is ORed
+    into the mantissa of MAGIC (fp16 1024, bf16 128), whose unit there is 1. MAGIC + q - (MAGIC + z)
+    is then q - z exactly in x.dtype, and one multiply by s rounds (q - z) * s once, the same value
+    the fp32 route produces."""
+    if P == 0:
+        v = packed & 0xF
+    else:
+        v = (packed >> (4 * P)) & 0xF
+    if XT == tl.bfloat16:
+        v = v | 0x4300
+    else:
+        v = v | 0x6400
+    return v.to(tl.int16).to(XT, bitcast=True)
 
 
 @triton.jit
-def _dequant_pair(packed, I: tl.constexpr, off, sc, magic_half, XT: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """Nibbles I and I + 4 of every word (columns 8j + I and 8j + I + 4) as [..., 2] x.dtype
-    (q - z) * s, both out of one register: one mask-and-OR puts the two nibbles into the mantissas
-    of a (MAGIC, MAGIC) pair, whose unit there is 1, so MAGIC + q - (MAGIC + z) is q - z exactly
-    and the multiply by s rounds once (the value the fp32 route gives). The halves are joined in
-    register order, so the subtract and multiply run as packed half2 instructions."""
-    if I == 0:
-        t = packed & 0x000F000F
+def _dequant_plane(packed, high, P: tl.constexpr, off, sc, magic0, XT: tl.constexpr, DQ_HALF: tl.constexpr,
+                   DOT_IN_FP32: tl.constexpr):
+    """Nibble plane P of a [BLOCK_N, GT, WPS] word tile as tl.dot operand values: (q - z) * s
+    rounded once to x.dtype (widened back to fp32 under DOT_IN_FP32). `off` and `sc` broadcast
+    over the words of each group; their form depends on the route (see the kernel): on the fp32
+    route `off` is 16 z, which `_x16_offset` turns into plane P's offset."""
+    if DQ_HALF:
+        if DOT_IN_FP32:
+            # The interpreter's bf16 arithmetic is wrong (triton 3.9): same values through fp32.
+            return _round_to_bf16((_nibble_half(packed, P, XT).to(tl.float32) - off) * sc).to(tl.float32)
+        else:
+            return (_nibble_half(packed, P, XT) - off) * sc
     else:
-        t = (packed >> (4 * I)) & 0x000F000F
-    t = t | magic_half
-    pair = tl.join(t.to(tl.int16).to(XT, bitcast=True), (t >> 16).to(tl.int16).to(XT, bitcast=True))
-    if DOT_IN_FP32:
-        # The interpreter's bf16 arithmetic is wrong (triton 3.9): same values through fp32.
-        return _round_to_bf16((pair.to(tl.float32) - off) * sc).to(tl.float32)
-    else:
-        return (pair - off) * sc
+        w = (_nibble_x16(packed, high, P, magic0) - _x16_offset(off, P)) * sc
+        if DOT_IN_FP32:
+            return _round_to_bf16(w).to(tl.float32)
+        else:
+            return w.to(XT)
 
 
-@triton.jit
-def _dequant_pairs(packed, off, sc, magic_half, XT: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """A [BLOCK_N, GT, WPS] word tile as [BLOCK_N, GT, WPS, 8] tl.dot operand values, nibble P
-    of word j at [..., j, P]; `off` (MAGIC + z) and `sc` broadcast as [BLOCK_N, GT, 1, 1]."""
-    w = tl.join(tl.join(_dequant_pair(packed, 0, off, sc, magic_half, XT, DOT_IN_FP32),
-                        _dequant_pair(packed, 1, off, sc, magic_half, XT, DOT_IN_FP32)),
-                tl.join(_dequant_pair(packed, 2, off, sc, magic_half, XT, DOT_IN_FP32),
-                        _dequant_pair(packed, 3, off, sc, magic_half, XT, DOT_IN_FP32)))
-    # Axes [..., h, I % 2, I // 2] hold nibble I + 4h; swapping the last two orders them by nibble.
-    return tl.permute(w, (0, 1, 2, 3, 5, 4))
 
 
-@triton.jit
-def _dequant_plane(packed, high, P: tl.constexpr, z16, sc, magic0, XT: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """Nibble plane P of a [BLOCK_N, GT, WPS] word tile as tl.dot operand values, through fp32:
-    (q - z) * s rounded once to x.dtype (widened back to fp32 under DOT_IN_FP32). z16 (16 z) and
-    sc (s / 16) broadcast over the words of each group."""
-    w = (_nibble_x16(packed, high, P, magic0) - _x16_offset(z16, P)) * sc
-    if DOT_IN_FP32:
-        return _round_to_bf16(w).to(tl.float32)
-    else:
-        return w.to(XT)
-
-
+# M and the K-tile counts vary from call to call: specializing on them would only multiply
+# compilations. The strides stay specialized (divisibility by 16 proves wide loads aligned).
 @triton.jit(do_not_specialize=["M", "TILES_PER_GROUP", "TILES_PER_SPLIT"])
 def _w4a16_kernel(
     # Pointers: see `w4a16_matmul` for dtypes and layouts. out_ptr is the output [M, N], or with
@@ -182,7 +175,6 @@ def _w4a16_kernel(
     TILES_PER_GROUP,  # G // BLOCK_K when a K-tile lies inside one group, else 1
     TILES_PER_SPLIT,  # K-tiles each split sums
     magic0,  # NIBBLE_MAGIC
-    magic_half,  # HALF_MAGIC[x.dtype]
     # Meta-parameters. PATH: 0 GEMV (CUDA cores, BLOCK_M rows of x per program, 1..8), 1 tensor
     # cores with x as the A operand, 2 tensor cores with the weight tile as the A operand (acc is
     # [BLOCK_N, BLOCK_M]). GROUPS_PER_TILE: quant groups per K-tile (BLOCK_K // G when BLOCK_K > G,
@@ -242,12 +234,30 @@ def _w4a16_kernel(
     k_tiles = K // BLOCK_K
     first_tile = pid_k * TILES_PER_SPLIT
     last_tile = tl.minimum(first_tile + TILES_PER_SPLIT, k_tiles)
+    if PATH == 0:
+        # The GEMV keeps the next tile's words, scales and zero points in flight while it works on
+        # this one (Triton's pipelining would stage them through shared memory, which it does not
+        # need).
+        next_packed = tl.load(w_ptrs + first_tile * (BLOCK_K // 8))
+        next_s = tl.load(s_ptrs + (first_tile // TILES_PER_GROUP) * GT)
+        if HAS_ZEROS:
+            next_z = tl.load(z_ptrs + (first_tile // TILES_PER_GROUP) * GT)
     for t in range(first_tile, last_tile):
         g = (t // TILES_PER_GROUP) * GT  # the tile's first group
-        packed = tl.load(w_ptrs + t * (BLOCK_K // 8))  # [BLOCK_N, GT, WPS]
-        s = tl.load(s_ptrs + g)  # [BLOCK_N, GT]
-        if HAS_ZEROS:
-            z = (tl.load(z_ptrs + g) >> z_shift) & 0xF
+        if PATH == 0:
+            following = tl.minimum(t + 1, last_tile - 1)
+            packed = next_packed  # [BLOCK_N, GT, WPS]
+            s = next_s  # [BLOCK_N, GT]
+            next_packed = tl.load(w_ptrs + following * (BLOCK_K // 8))
+            next_s = tl.load(s_ptrs + (following // TILES_PER_GROUP) * GT)
+            if HAS_ZEROS:
+                z = (next_z >> z_shift) & 0xF
+                next_z = tl.load(z_ptrs + (following // TILES_PER_GROUP) * GT)
+        else:
+            packed = tl.load(w_ptrs + t * (BLOCK_K // 8))  # [BLOCK_N, GT, WPS]
+            s = tl.load(s_ptrs + g)  # [BLOCK_N, GT]
+            if HAS_ZEROS:
+                z = (tl.load(z_ptrs + g) >> z_shift) & 0xF
         high = packed >> 16
         if PATH == 0:
             if HAS_ZEROS:
@@ -286,29 +296,29 @@ def _w4a16_kernel(
                 else:
                     off = tl.full([BLOCK_N, GT], 8.0 + magic, tl.float32)
                 if DOT_IN_FP32:
-                    sc = s.to(tl.float32)
+                    off = off[:, :, None]
+                    sc = s.to(tl.float32)[:, :, None]
                 else:
-                    off = off.to(XT)
-                    sc = s
-                w = _dequant_pairs(packed, off[:, :, None, None], sc[:, :, None, None], magic_half, XT, DOT_IN_FP32)
+                    off = off.to(XT)[:, :, None]
+                    sc = s[:, :, None]
             else:
                 if HAS_ZEROS:
-                    z16 = (z * 16).to(tl.float32)[:, :, None]
+                    off = (z * 16).to(tl.float32)[:, :, None]
                 else:
-                    z16 = tl.full([BLOCK_N, GT, 1], 128.0, tl.float32)
+                    off = tl.full([BLOCK_N, GT, 1], 128.0, tl.float32)
                 sc = (s.to(tl.float32) * 0.0625)[:, :, None]
-                # Interleaving the planes this way puts nibble P of word j at column 8j + P.
-                w = tl.interleave(
-                    tl.interleave(
-                        tl.interleave(_dequant_plane(packed, high, 0, z16, sc, magic0, XT, DOT_IN_FP32),
-                                      _dequant_plane(packed, high, 4, z16, sc, magic0, XT, DOT_IN_FP32)),
-                        tl.interleave(_dequant_plane(packed, high, 2, z16, sc, magic0, XT, DOT_IN_FP32),
-                                      _dequant_plane(packed, high, 6, z16, sc, magic0, XT, DOT_IN_FP32))),
-                    tl.interleave(
-                        tl.interleave(_dequant_plane(packed, high, 1, z16, sc, magic0, XT, DOT_IN_FP32),
-                                      _dequant_plane(packed, high, 5, z16, sc, magic0, XT, DOT_IN_FP32)),
-                        tl.interleave(_dequant_plane(packed, high, 3, z16, sc, magic0, XT, DOT_IN_FP32),
-                                      _dequant_plane(packed, high, 7, z16, sc, magic0, XT, DOT_IN_FP32))))
+            # Interleaving the planes this way puts nibble P of word j at column 8j + P.
+            w = tl.interleave(
+                tl.interleave(
+                    tl.interleave(_dequant_plane(packed, high, 0, off, sc, magic0, XT, DQ_HALF, DOT_IN_FP32),
+                                  _dequant_plane(packed, high, 4, off, sc, magic0, XT, DQ_HALF, DOT_IN_FP32)),
+                    tl.interleave(_dequant_plane(packed, high, 2, off, sc, magic0, XT, DQ_HALF, DOT_IN_FP32),
+                                  _dequant_plane(packed, high, 6, off, sc, magic0, XT, DQ_HALF, DOT_IN_FP32))),
+                tl.interleave(
+                    tl.interleave(_dequant_plane(packed, high, 1, off, sc, magic0, XT, DQ_HALF, DOT_IN_FP32),
+                                  _dequant_plane(packed, high, 5, off, sc, magic0, XT, DQ_HALF, DOT_IN_FP32)),
+                    tl.interleave(_dequant_plane(packed, high, 3, off, sc, magic0, XT, DQ_HALF, DOT_IN_FP32),
+                                  _dequant_plane(packed, high, 7, off, sc, magic0, XT, DQ_HALF, DOT_IN_FP32))))
             w = tl.reshape(w, [BLOCK_N, BLOCK_K])
             x = tl.load(x_ptrs + t * BLOCK_K)
             if DOT_IN_FP32:
@@ -407,7 +417,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         x, qweight.view(torch.int32), scales, scales if zeros is None else zeros.view(torch.int32),
         out if bias is None else bias, target,
         p.m, p.n, p.k, x.stride(0), p.k // 8, p.k // p.group, max(1, p.group // config.block_k), tiles_per_split,
-        NIBBLE_MAGIC, HALF_MAGIC[x.dtype],
+        NIBBLE_MAGIC,
         **kernel_constexprs(config, p.group, split > 1, zeros is not None, bias is not None,
                             UNDER_INTERPRETER and x.dtype == torch.bfloat16),
         num_warps=config.num_warps, num_stages=config.num_stages,

@@ -399,7 +399,7 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
         configs = sorted({(fit_config(cfg, 8192, 8192, group, table.target_programs, table.split_below), group)
                           for _, cfg in table.buckets for group in (32, 64, 128, 8192)}, key=str)
         dtypes, bias = ("fp16", "bf16"), True
-    ints = {"M", "N", "K", "stride_xm", "stride_qn", "stride_gn", "TILES_PER_GROUP", "TILES_PER_SPLIT", "magic0", "magic_half", "splits"}
+    ints = {"M", "N", "K", "stride_xm", "stride_qn", "stride_gn", "TILES_PER_GROUP", "TILES_PER_SPLIT", "magic0", "splits"}
     failures = []
     for (cfg, group), dtype in product(configs, dtypes):
         for partials in sorted({False, cfg.split_k > 1}):
