@@ -100,19 +100,20 @@ class TileTable:
 
 T = TileConfig
 
-# Hopper (132 SMs on H200 and H100 SXM). The M = 1, 2..16 and > 256 buckets are the winners of the
-# H200 sweep in bench/results/h200/triton_variants.md (geometric mean of % of the HBM or compute
-# floor over four Llama shapes): a GEMV over four-group K-tiles at M = 1 (36%, against 33% for the
-# one-group tile); at M = 2..16 a 16-row tensor-core tile with the weight as the A operand
-# (wgmma straight from registers) and half-precision dequant (24% at M = 4 and 16, against 22-23%);
-# for prefill 256x128 tiles, swapped, half dequant (48% of the dense rate, against 42%). The
-# 17..256 buckets were not swept; they take the swapped, half-dequant path too, because Triton
-# 3.6 (the H200 image's) fails to compile the plain path ("Illegal shared layout") for several
+# Hopper (132 SMs on H200 and H100 SXM). The M = 1 and 2..16 buckets are the winners of the
+# 2026-12-03 decode sweep (bench/results/h200/triton_variants_decode.md; geometric mean of % of the
+# HBM floor over four Llama shapes): a one-group GEMV tile at M = 1 (41.7%, against 38.2-40.1% for
+# taller or deeper tiles); at M = 2..16 a 16-row tensor-core tile with the weight as the A operand
+# (wgmma straight from registers), half-precision dequant and narrow N-tiles split over K (26%
+# at M = 4 and 16, against 23.6% for the 128-wide tile before). The > 256 bucket is the winner of
+# the earlier sweep (triton_variants.md): 256x128 tiles, swapped, half dequant (48% of the dense
+# rate, against 42%). The 17..256 buckets were not swept; they take the swapped, half-dequant
+# path too, because Triton 3.6 (the H200 image's) fails to compile the plain path ("Illegal shared layout") for several
 # of their tiles at G = 32 and for 64x128x32 tiles at any G, while the swapped path compiles for
 # every bucket and group size (tests/test_triton_kernel.py compiles them with that Triton).
 HOPPER = TileTable("hopper", target_programs=4 * 132, buckets=(
     (1, T(1, 128, 128, split_k=8, num_warps=4, num_stages=1)),
-    (16, T(16, 128, 128, split_k=8, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
+    (16, T(16, 64, 128, split_k=32, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
     (32, T(32, 64, 128, split_k=4, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
     (64, T(64, 64, 128, split_k=2, num_warps=4, num_stages=3, path="dot_swap", dequant="half")),
     (128, T(64, 128, 64, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
