@@ -6,8 +6,11 @@ layout). One kernel serves every M; the tile config (`optimized.tile_configs`) p
 
 * GEMV tiles (path "gemv", block_m = 1..8 rows of x per program, the decode buckets): rows of x
   against a [block_n, block_k] weight tile on the CUDA cores. Each product x[k] * (q - z) is exact
-  in fp32, each group's sum within the K-tile is fp32 and scaled once by s[n, g]; the weight is
-  never rounded. With several rows, each plane's q - z is computed once and used for every row.
+  in fp32 and the weight is never rounded. A weight costs one LOP3 (its nibble into a float
+  mantissa, `_nibble_x16`), one subtract and one FMA. With one row, each word's eight products are
+  summed and scaled by s[n, g] once, and the sums over words wait until after the K loop, which
+  also keeps the next K-tile's loads in flight; with several rows, each plane's q - z is computed
+  once and used for every row, and each group's sum within the K-tile is scaled once.
 * Tensor-core tiles (path "dot", block_m >= 16): the weight tile is dequantized in registers into
   x.dtype, (q - z) * s rounded once, and fed to tl.dot with an fp32 accumulator. Path "dot_swap"
   makes the weight tile the A operand and x^T the B operand (acc is [block_n, block_m]): on

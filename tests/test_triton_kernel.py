@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 from optimized import triton_w4a16
 from optimized.contract import ContractError
@@ -159,6 +160,34 @@ def test_channelwise_k_below_dot_minimum(m, dtype):
     w, kw, x, b = make_inputs(k, n, m, -1, False, dtype, True, True, seed=m)
     v = judge(run_kernel(kw, x, b), reference_matmul(x, w, b), dequant_dtype=dtype)
     assert v.passed, v.summary()
+
+
+@triton.jit
+def _nibble_probe_kernel(words_ptr, z16_ptr, out_ptr, magic0, BLOCK: tl.constexpr):
+    """out[p, i] = _nibble_x16(word i, plane p) - _x16_offset(16 z_i, plane p)."""
+    offs = tl.arange(0, BLOCK)
+    packed = tl.load(words_ptr + offs)
+    high = packed >> 16
+    z16 = tl.load(z16_ptr + offs)
+    for p in tl.static_range(8):
+        value = triton_w4a16._nibble_x16(packed, high, p, magic0) - triton_w4a16._x16_offset(z16, p)
+        tl.store(out_ptr + p * BLOCK + offs, value)
+
+
+def test_nibble_magic_gives_16_times_q_minus_z_exactly():
+    """Every nibble position's magic exponent and offset: 16 (q - z) exactly, for every nibble
+    value at every position (words with the sign bit set too) and every zero point."""
+    nibbles = torch.arange(16, dtype=torch.int64)
+    # Word i holds nibble (i + p) % 16 at position p: each position sees every value 0..15.
+    q = (nibbles[:, None] + torch.arange(8)[None, :]) % 16  # [16, 8]
+    words = (q << (4 * torch.arange(8))[None, :]).sum(dim=1)
+    words = words.repeat(16)  # [256]: each word with every zero point
+    q = q.repeat(16, 1)
+    z = nibbles.repeat_interleave(16)
+    out = torch.empty(8, 256, dtype=torch.float32)
+    signed = (words - (words >> 31 << 32)).to(torch.int32)  # the same bits as int32
+    _nibble_probe_kernel[(1,)](signed, (16 * z).to(torch.float32), out, triton_w4a16.NIBBLE_MAGIC, BLOCK=256)
+    assert torch.equal(out, (16 * (q - z[:, None])).T.to(torch.float32))
 
 
 def test_unsigned_packed_words_match_int32():
