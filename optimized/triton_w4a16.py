@@ -380,6 +380,27 @@ def kernel_constexprs(config: TileConfig, group: int, partials: bool, has_zeros:
                 DOT_IN_FP32=dot_in_fp32, GROUP_M=GROUP_M)
 
 
+# The kernels' integer arguments (the rest are pointers or constexprs), and those a launch on real
+# shapes sees divisible by 16 (Triton specializes on it).
+INT_ARGS = ("M", "N", "K", "stride_xm", "stride_qn", "stride_gn", "TILES_PER_GROUP", "TILES_PER_SPLIT", "magic0",
+            "splits")
+ALIGNED_INT_ARGS = ("N", "K", "stride_xm", "stride_qn", "stride_gn")
+
+
+def compile_signature(fn, constexprs: dict, dtype: str, partials: bool) -> tuple[dict, dict]:
+    """(signature, attrs) for triton.compile(ASTSource(fn, signature, constexprs, attrs)) with no
+    device: `fn` is `_w4a16_kernel` or `_split_k_reduce_kernel`, dtype "fp16" or "bf16" (x, scales,
+    bias and output), partials: `_w4a16_kernel` writes the fp32 workspace. attrs: what a launch on
+    real shapes specializes, pointers 16-byte aligned and N, K and strides divisible by 16."""
+    pointers = {"qweight_ptr": "*i32", "zeros_ptr": "*i32", "workspace_ptr": "*fp32",
+                "out_ptr": "*fp32" if partials and fn is _w4a16_kernel else f"*{dtype}"}
+    sig = {a: "constexpr" if a in constexprs else "i32" if a in INT_ARGS else pointers.get(a, f"*{dtype}")
+           for a in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+             if sig[a].startswith("*") or a in ALIGNED_INT_ARGS}
+    return sig, attrs
+
+
 def device_name(device: torch.device) -> str:
     """The name `tile_configs.select_config` keys on."""
     return INTERPRETER if device.type == "cpu" else torch.cuda.get_device_name(device)

@@ -428,7 +428,6 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
         configs = sorted({(fit_config(cfg, 8192, 8192, group, table.target_programs, table.split_below), group)
                           for _, cfg in table.buckets for group in (32, 64, 128, 8192)}, key=str)
         dtypes, bias = ("fp16", "bf16"), True
-    ints = {"M", "N", "K", "stride_xm", "stride_qn", "stride_gn", "TILES_PER_GROUP", "TILES_PER_SPLIT", "magic0", "splits"}
     failures = []
     for (cfg, group), dtype in product(configs, dtypes):
         for partials in sorted({False, cfg.split_k > 1}):
@@ -438,13 +437,7 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
                 kernels.append((triton_w4a16._split_k_reduce_kernel,
                                 dict(HAS_BIAS=bias, BLOCK=triton_w4a16.REDUCE_BLOCK)))
             for fn, constexprs in kernels:
-                pointers = {"qweight_ptr": "*i32", "zeros_ptr": "*i32", "workspace_ptr": "*fp32",
-                            "out_ptr": "*fp32" if partials and fn is triton_w4a16._w4a16_kernel else f"*{dtype}"}
-                sig = {a: "constexpr" if a in constexprs else "i32" if a in ints else pointers.get(a, f"*{dtype}")
-                       for a in fn.arg_names}
-                # What a launch on real shapes specializes: aligned pointers, N, K and strides % 16 == 0.
-                aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-                           if sig[a].startswith("*") or a in ("N", "K", "stride_xm", "stride_qn", "stride_gn")}
+                sig, aligned = triton_w4a16.compile_signature(fn, constexprs, dtype, partials)
                 name = f"{fn.__name__} {cfg.id} G{group} {dtype}{' partials' if partials else ''}"
                 try:
                     compiled = triton.compile(ASTSource(fn, sig, constexprs, aligned), target=gpu,
@@ -513,6 +506,27 @@ def test_h200_variant_candidates_compile_for_sm90():
     register spills and within Hopper's shared memory (registers are printed)."""
     run = _compile_in_subprocess("cuda:90:32", "nvidia", "variants")
     print(run.stdout)
+
+
+def test_gemv_loop_costs_one_lop3_per_weight():
+    """The M = 1 GEMV's K loop in sm_90 SASS (bench/triton_sass.py): one LOP3, one subtract and one
+    FMA per weight, and few other instructions; a mask and magic number both as immediates (two
+    LOP3s) or a shift per nibble would show here before any GPU run."""
+    _require("nvidia" in triton.backends.backends, "this triton build has no nvidia backend")
+    cfg = HOPPER.buckets[0][1]
+    assert cfg.kernel_path == "gemv" and cfg.block_m == 1
+    spec = ",".join(map(str, (cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", "import json, sys; sys.path.insert(0, 'bench'); import triton_sass as t; "
+                          f"print(json.dumps(t.analyse(t.parse_config({spec!r}), 128, 'bf16', False)))"],
+                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    r = json.loads(run.stdout.strip().splitlines()[-1])
+    ops = r["opcodes_per_weight"]
+    assert r["stack"] == 0, r
+    assert ops.get("LOP3.LUT", 0) <= 1.1, ops
+    assert 0.95 <= ops.get("FFMA", 0) <= 1.1 and ops.get("FADD", 0) <= 1.25, ops
+    assert r["per_weight"] <= 5.0, r
 
 
 def test_h200_bench_dry_run(tmp_path):
