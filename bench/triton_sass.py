@@ -55,6 +55,21 @@ def tool(name: str) -> Path:
     return path
 
 
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """The output of Triton's cuobjdump `flag` (-sass, -res-usage) on a cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool("cuobjdump")), flag, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def cubin_resources(cubin: bytes) -> dict:
+    """Registers and stack (spill) bytes per thread."""
+    found = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(cubin, "-res-usage"))
+    return {"regs": int(found.group(1)), "stack": int(found.group(2))}
+
+
 def loop_opcodes(sass: str) -> collections.Counter:
     """Opcode counts of the instructions inside the longest backward branch."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in map(SASS_LINE.match, sass.splitlines()) if m]
@@ -78,18 +93,11 @@ def analyse(cfg: TileConfig, group: int, dtype: str, symmetric: bool) -> dict:
     sig, attrs = triton_w4a16.compile_signature(fn, constexprs, dtype, partials)
     compiled = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": fitted.num_warps, "num_stages": fitted.num_stages})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([str(tool("cuobjdump")), "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
-        usage = subprocess.run([str(tool("cuobjdump")), "-res-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-    ops = loop_opcodes(sass)
+    ops = loop_opcodes(cuobjdump(compiled.asm["cubin"], "-sass"))
     weights = fitted.block_n * fitted.block_k / (32 * fitted.num_warps)
-    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    res = cubin_resources(compiled.asm["cubin"])
     return {"config": fitted.id, "group": group, "dtype": dtype, "symmetric": symmetric,
-            "registers": int(regs.group(1)), "stack": int(regs.group(2)), "weights_per_thread": weights,
+            "registers": res["regs"], "stack": res["stack"], "weights_per_thread": weights,
             "loop_instructions": sum(ops.values()), "per_weight": sum(ops.values()) / weights,
             "opcodes_per_weight": {op: n / weights for op, n in ops.most_common()}}
 

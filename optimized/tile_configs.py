@@ -108,9 +108,10 @@ T = TileConfig
 # at M = 4 and 16, against 23.6% for the 128-wide tile before). The > 256 bucket is the winner of
 # the earlier sweep (triton_variants.md): 256x128 tiles, swapped, half dequant (48% of the dense
 # rate, against 42%). The 17..256 buckets were not swept; they take the swapped, half-dequant
-# path too, because Triton 3.6 (the H200 image's) fails to compile the plain path ("Illegal shared layout") for several
-# of their tiles at G = 32 and for 64x128x32 tiles at any G, while the swapped path compiles for
-# every bucket and group size (tests/test_triton_kernel.py compiles them with that Triton).
+# path too, because Triton 3.6 (the H200 image's) fails to compile the plain path ("Illegal
+# shared layout") for several of their tiles at G = 32 and for 64x128x32 tiles at any G, while
+# the swapped path compiles for every bucket and group size (tests/test_triton_kernel.py compiles
+# them with that Triton).
 HOPPER = TileTable("hopper", target_programs=4 * 132, buckets=(
     (1, T(1, 128, 128, split_k=8, num_warps=4, num_stages=1)),
     (16, T(16, 64, 128, split_k=32, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),

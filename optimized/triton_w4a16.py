@@ -163,8 +163,6 @@ def _dequant_plane(packed, high, P: tl.constexpr, off, sc, magic0, XT: tl.conste
             return w.to(XT)
 
 
-
-
 # M and the K-tile counts vary from call to call: specializing on them would only multiply
 # compilations. The strides stay specialized (divisibility by 16 proves wide loads aligned).
 @triton.jit(do_not_specialize=["M", "TILES_PER_GROUP", "TILES_PER_SPLIT"])
@@ -262,13 +260,15 @@ def _w4a16_kernel(
             if HAS_ZEROS:
                 z = (tl.load(z_ptrs + g) >> z_shift) & 0xF
         high = packed >> 16
-        if PATH == 0:
+        if PATH == 0 or not DQ_HALF:
+            # The fp32 route (`_nibble_x16`): 16 z per word group, and s / 16 (exact), which removes
+            # the nibbles' factor 16.
             if HAS_ZEROS:
                 z16 = (z * 16).to(tl.float32)[:, :, None]
             else:
                 z16 = tl.full([BLOCK_N, GT, 1], 128.0, tl.float32)  # symmetric: z = 8
-            # The nibbles carry a factor 16 (`_nibble_x16`); s / 16 is exact and removes it.
             sc = s.to(tl.float32) * 0.0625
+        if PATH == 0:
             x_tile = x_ptrs + t * BLOCK_K
             if BLOCK_M == 1:
                 # One FMA per weight across the eight planes, a word's eight exact products summed in
@@ -305,11 +305,8 @@ def _w4a16_kernel(
                     off = off.to(XT)[:, :, None]
                     sc = s[:, :, None]
             else:
-                if HAS_ZEROS:
-                    off = (z * 16).to(tl.float32)[:, :, None]
-                else:
-                    off = tl.full([BLOCK_N, GT, 1], 128.0, tl.float32)
-                sc = (s.to(tl.float32) * 0.0625)[:, :, None]
+                off = z16
+                sc = sc[:, :, None]
             # Interleaving the planes this way puts nibble P of word j at column 8j + P.
             w = tl.interleave(
                 tl.interleave(

@@ -391,22 +391,6 @@ def bench_module():
 SM90_SHARED_BYTES = 232448
 
 
-def sm90_resources(cubin: bytes) -> dict:
-    """Registers and stack (spill) bytes per thread from the cubin, by the cuobjdump Triton ships."""
-    import re
-    import tempfile
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not tool.exists():
-        return {}
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
-    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
-    return {"regs": int(found.group(1)), "stack": int(found.group(2))} if found else {}
-
-
 def aot_compile_tables(target: str, which: str = "tables") -> None:
     """Compile every config of the table for `target` ("cuda:90:32" or "hip:gfx942:64") ahead of
     time, no device needed, and exit non-zero listing the failures. which="variants": instead the
@@ -415,6 +399,8 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
     subprocess: the interpreter must be off when the kernels are defined."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    from bench.triton_sass import cubin_resources
 
     backend, arch, warp = target.split(":")
     gpu = GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))
@@ -446,7 +432,7 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
                     failures.append(f"{name}: {type(e).__name__}: {str(e)[:500]}")
                     continue
                 if which == "variants" and fn is triton_w4a16._w4a16_kernel:
-                    res = sm90_resources(compiled.asm["cubin"]) if backend == "cuda" else {}
+                    res = cubin_resources(compiled.asm["cubin"]) if backend == "cuda" else {}
                     print(f"{name}: {res} shared={compiled.metadata.shared}", flush=True)
                     if res.get("stack") or compiled.metadata.shared > SM90_SHARED_BYTES:
                         failures.append(f"{name}: spills or too much shared memory: {res} "
@@ -517,7 +503,7 @@ def test_gemv_loop_costs_one_lop3_per_weight():
     assert cfg.kernel_path == "gemv" and cfg.block_m == 1
     spec = ",".join(map(str, (cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", "import json, sys; sys.path.insert(0, 'bench'); import triton_sass as t; "
+    run = subprocess.run([sys.executable, "-c", "import json; from bench import triton_sass as t; "
                           f"print(json.dumps(t.analyse(t.parse_config({spec!r}), 128, 'bf16', False)))"],
                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
