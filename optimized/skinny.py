@@ -24,22 +24,24 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # N >= 8, else the base kernel runs; its simt engine exists for M = 1 only, other M run base);
 # "seg_r4": a register ring too, with each warp's quads on consecutive K segments of 4 rows per
 # lane, so a load reads up to 512 contiguous bytes of a row (mma engine at M <= SEG_MAX_M; other
-# calls run regs_s4).
-VARIANTS = ("base", "regs_s4", "seg_r4")
-# variant=-1 (the default) picks per call in the kernel's host dispatch: seg_r4 for asymmetric
+# calls run regs_s4); "seg_xs": at split 1, seg_r4 reading x from a permuted copy in shared
+# memory, where the padded rows of x fit in SEG_XS_MAX_BYTES (seg_r4 otherwise).
+VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs")
+# variant=-1 (the default) picks per call in the kernel's host dispatch: seg_xs for asymmetric
 # weights at M <= SEG_MAX_M, regs_s4 for the rest up to REGS_MAX_M, base above
 # (csrc/skinny_core.cuh default_variant, from the H200 comparisons in bench/results/h200/).
 # default_variant(m, symmetric) mirrors it for reports.
 DEFAULT_VARIANT = -1
 REGS_MAX_M = 8
 SEG_MAX_M = 4
+SEG_XS_MAX_BYTES = 96 * 1024
 
 
 def default_variant(m: int, symmetric: bool) -> int:
     """The index into VARIANTS that variant=-1 runs at M = m (on the mma engine; the simt engine
-    runs regs_s4 where this names seg_r4)."""
+    runs regs_s4 where this names seg_xs)."""
     if m <= SEG_MAX_M and not symmetric:
-        return VARIANTS.index("seg_r4")
+        return VARIANTS.index("seg_xs")
     return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("base")
 
 

@@ -173,7 +173,7 @@ def skinny_run(binary, work, engine: str, dtype: torch.dtype, seed: int) -> tupl
 
 ENGINES = {"mma-fp16": ("mma", torch.float16), "simt-bf16": ("simt", torch.bfloat16)}
 # M ranges that run one variant under the default policy (problem() makes asymmetric weights).
-VARIANT_RANGES = {"seg_r4": (1, skinny.SEG_MAX_M), "regs_s4": (skinny.SEG_MAX_M + 1, skinny.REGS_MAX_M),
+VARIANT_RANGES = {"seg_xs": (1, skinny.SEG_MAX_M), "regs_s4": (skinny.SEG_MAX_M + 1, skinny.REGS_MAX_M),
                   "base": (skinny.REGS_MAX_M + 1, skinny.MAX_M)}
 
 

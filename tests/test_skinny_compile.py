@@ -199,11 +199,20 @@ EMULATED = [
     ("seg_r4", "mma", 64, 2048, 128, torch.bfloat16, True, 1, dict(split=4), "seg_r4"),
     ("seg_r4", "mma", 24, 1056, 32, torch.float16, False, 1, {}, "seg_r4"),
     ("seg_r4", "mma", 264, 2048, 128, torch.float16, False, 5, {}, "regs_s4"),  # M > 4: regs_s4 runs
+    # seg_xs copies x to shared memory at split 1 only: the same boundaries through the copy, the
+    # ring wrapping at M = 1, and a K whose copy at M_PAD = 4 is over SEG_XS_MAX_BYTES (seg_r4 runs).
+    ("seg_xs", "mma", 264, 8192, 128, torch.bfloat16, False, 1, dict(split=1), "seg_xs"),
+    ("seg_xs", "mma", 8, 4096, 128, torch.bfloat16, False, 4, dict(split=1), "seg_xs"),
+    ("seg_xs", "mma", 200, 2048, 128, torch.float16, True, 3, dict(split=1, row_pad=24), "seg_xs"),
+    ("seg_xs", "mma", 264, 2016, 32, torch.float16, False, 2, dict(split=1), "seg_xs"),
+    ("seg_xs", "mma", 264, 2048, 64, torch.bfloat16, False, 4, dict(split=1, scale_offset=1), "seg_xs"),
+    ("seg_xs", "mma", 24, 1056, 32, torch.float16, False, 1, dict(split=1), "seg_xs"),
+    ("seg_xs", "mma", 8, skinny.SEG_XS_MAX_BYTES // 8 + 128, 128, torch.float16, False, 3, dict(split=1), "seg_xs"),
     # K tail: the base kernel runs (the dispatch still reports regs_s4, the variant it settled on).
     ("regs_s4", "mma", 264, 4032, 64, torch.bfloat16, False, 16, {}, "regs_s4"),
     # The default policy, each side of SEG_MAX_M and REGS_MAX_M, with and without zero points,
     # with choose_split's split at 132 SMs.
-    ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.SEG_MAX_M, {}, "seg_r4"),
+    ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.SEG_MAX_M, {}, "seg_xs"),
     ("default", "mma", 264, 2048, 128, torch.float16, True, skinny.SEG_MAX_M, {}, "regs_s4"),
     ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.SEG_MAX_M + 1, {}, "regs_s4"),
     ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.REGS_MAX_M, {}, "regs_s4"),
@@ -244,8 +253,9 @@ def test_emulated_kernel_passes_exact_probes(emulator, tmp_path, variant):
     kw = to_kernel_layout(weight, dtype)
     bias = (torch.randn(64, generator=torch.Generator().manual_seed(2)) * 0.1).to(dtype)
 
-    def kernel(x, b):
-        return emulate_call(emulator, tmp_path, x, kw, b, variant=_v(variant), engine="mma", split=2)[0]
+    def kernel(x, b):  # seg_xs copies x to shared memory at split 1 only
+        split = 1 if variant == "seg_xs" else 2
+        return emulate_call(emulator, tmp_path, x, kw, b, variant=_v(variant), engine="mma", split=split)[0]
 
     result = run_probes(kernel, weight, dtype, bias, max_m=skinny.MAX_M)
     assert result.passed, result.summary()
@@ -266,11 +276,12 @@ def test_python_limits_match_the_kernel():
     enum = re.search(r"enum Variant : int \{ (.*) \};", core).group(1)
     assert [int(v) for v in re.findall(r"kVariant\w+ = (\d+)", enum)] == list(range(len(skinny.VARIANTS)))
     assert int(re.search(r"kSegMaxM = (\d+);", core).group(1)) == skinny.SEG_MAX_M
-    assert re.search(r"return m <= kSegMaxM && !symmetric \? kVariantSeg : m <= kRegsMaxM \? kVariantRegs : kVariantBase;",
+    assert int(re.search(r"kSegXsMaxBytes = (\d+) \* 1024;", core).group(1)) * 1024 == skinny.SEG_XS_MAX_BYTES
+    assert re.search(r"return m <= kSegMaxM && !symmetric \? kVariantSegXs : m <= kRegsMaxM \? kVariantRegs : kVariantBase;",
                      core), "default_variant in skinny_core.cuh changed: update skinny.default_variant"
     v = skinny.VARIANTS.index
     assert [skinny.default_variant(m, False) for m in range(1, skinny.MAX_M + 1)] == \
-        [v("seg_r4")] * skinny.SEG_MAX_M + [v("regs_s4")] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + \
+        [v("seg_xs")] * skinny.SEG_MAX_M + [v("regs_s4")] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + \
         [v("base")] * (skinny.MAX_M - skinny.REGS_MAX_M)
     assert [skinny.default_variant(m, True) for m in range(1, skinny.MAX_M + 1)] == \
         [v("regs_s4")] * skinny.REGS_MAX_M + [v("base")] * (skinny.MAX_M - skinny.REGS_MAX_M)

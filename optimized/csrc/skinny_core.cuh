@@ -28,6 +28,9 @@
 //    the 8 quads of a warp on 8 / M_PAD consecutive k segments of the same rows, so that one load
 //    instruction reads up to 512 contiguous bytes of a row, and 4 rows per lane. Other calls run
 //    regs_s4.
+//  * kVariantSegXs, "seg_xs" (the same kernel): at split 1, seg_r4 with x staged in shared memory,
+//    permuted so that the warp's x loads are as contiguous as its weight loads (where M_PAD x K x 2
+//    bytes fit in kSegXsMaxBytes); seg_r4 otherwise.
 #pragma once
 
 #include "compat.h"
@@ -53,13 +56,13 @@ enum class Engine : int { kSimt = 0, kMma = 1 };
 
 // The kernels, for the op's `variant` argument; optimized/skinny.py VARIANTS lists the names in
 // the same order:
-// kVariantNames: base, regs_s4, seg_r4
-enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg = 2 };
-constexpr int kNumVariants = 3;
+// kVariantNames: base, regs_s4, seg_r4, seg_xs
+enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg = 2, kVariantSegXs = 3 };
+constexpr int kNumVariants = 4;
 constexpr int kAutoVariant = -1;  // default_variant(m, symmetric), per call
 
-// The default: seg_r4 for asymmetric weights at M <= kSegMaxM, regs_s4 for the rest up to
-// M = kRegsMaxM, base above. On the H200 (mma engine, 5 decode shapes x fp16 sym / bf16 asym at
+// The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) for asymmetric weights at
+// M <= kSegMaxM, regs_s4 for the rest up to M = kRegsMaxM, base above. On the H200 (mma engine, 5 decode shapes x fp16 sym / bf16 asym at
 // M in {1, 2, 4, 5, 8, 9, 16}; bench/results/h200/skinny_variants_log.txt, v0/v1 = base under its
 // old and its present split policy, v2 = regs_s4), regs_s4 was the fastest of the three in 42 of
 // 50 cells at M <= 8, base in 13 of 20 at M = 9 and 16. Against seg_r4 at M = 1..4 on every
@@ -70,7 +73,7 @@ constexpr int kAutoVariant = -1;  // default_variant(m, symmetric), per call
 constexpr int kRegsMaxM = 8;
 
 __host__ __device__ constexpr int default_variant(int m, bool symmetric) {
-  return m <= kSegMaxM && !symmetric ? kVariantSeg : m <= kRegsMaxM ? kVariantRegs : kVariantBase;
+  return m <= kSegMaxM && !symmetric ? kVariantSegXs : m <= kRegsMaxM ? kVariantRegs : kVariantBase;
 }
 
 // The variant asked for: `variant` itself, or for kAutoVariant the default at m rows.
@@ -78,14 +81,26 @@ __host__ __device__ constexpr int resolve_variant(int variant, int m, bool symme
   return variant == kAutoVariant ? default_variant(m, symmetric) : variant;
 }
 
+__host__ __device__ constexpr bool is_seg(int variant) { return variant == kVariantSeg || variant == kVariantSegXs; }
+
 // The kernel that runs for a resolved variant: the segmented one exists for the mma engine at
 // M <= kSegMaxM; other calls run regs_s4.
 __host__ __device__ constexpr int settle_variant(int variant, int m, bool mma) {
-  return variant == kVariantSeg && (!mma || m > kSegMaxM) ? kVariantRegs : variant;
+  return is_seg(variant) && (!mma || m > kSegMaxM) ? kVariantRegs : variant;
 }
 
 // Columns of x the segmented kernel's mma tile holds: M rounded up to a power of two.
 __host__ __device__ constexpr int seg_m_pad(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : 4; }
+
+// seg_xs's shared copy of x: M_PAD rows of K 16-bit values, at most kSegXsMaxBytes so that
+// kMinBlocks blocks still share an SM (the H200 has 228 KiB per SM). Every block copies all of
+// it, 4 / (rows per block) of the bytes of its weights (1/8 at split 1). Against seg_r4 on the
+// H200 (skinny_variants_xs.md, M <= 4 on 5 large shapes): 6-9% faster in the 4 cells at split 1,
+// -3% to +3% at split 2, up to 15% and 33% slower at split 4 and 8. 0: the call runs seg_r4.
+constexpr int kSegXsMaxBytes = 96 * 1024;
+__host__ __device__ constexpr int seg_x_shared_bytes(int m, int k, int split) {
+  return split == 1 && static_cast<long long>(seg_m_pad(m)) * 2 * k <= kSegXsMaxBytes ? seg_m_pad(m) * 2 * k : 0;
+}
 
 // One call's arguments, in the layout of optimized/contract.py (T = half_t or bf16_t):
 //   x        T [m, k], row stride stride_xm elements, unit stride along k; 16-byte aligned rows.
@@ -718,7 +733,13 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
 // The ring holds 3 entries of R chunks per lane (2 iterations, 128 bytes a lane, in flight: more
 // than regs_s4's 96, in 128 registers). A warp's rows start at a multiple of kWarpRows, so its
 // sets share ZW zero-point words: set a's row is in 8-row block (M_PAD a) / 8 of the warp's.
-template <typename T, int M_PAD, int G, bool SYM>
+//
+// XS (seg_xs): a lane's x for word j of its chunk is 16 bytes at 64-byte stride from its
+// neighbours', so a warp's global load of them touches 16 cache lines for 512 bytes, four times
+// the lines of its weight loads. XS first copies x[:M_PAD] to shared memory (dynamic,
+// seg_x_shared_bytes), piece j of chunk c of row r at xs[(4 r + j) kc + c]: the lanes' loads of
+// one j are then consecutive 16-byte pieces, 4 wavefronts per 512 bytes, no bank conflicts.
+template <typename T, int M_PAD, int G, bool SYM, bool XS>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(const SkinnyParams p) {
   constexpr int R = kSegRowSets, SEG = 8 / M_PAD, S = 3;
   constexpr int kIterChunks = 4 * SEG;
@@ -729,6 +750,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   static_assert(G % kLaneK == 0, "a lane's 32-k chunk lies in one group");
   // Partial sums [split][block rows][8]: entry j = SEG m + s of a row is x row m at segment s.
   __shared__ float red[kWarps * kWarpRows * 8];
+  W4_DYNAMIC_SHARED(uint4, xs);
 
   const uint4* __restrict__ qw = reinterpret_cast<const uint4*>(p.qweight);
   const unsigned short* __restrict__ scales = static_cast<const unsigned short*>(p.scales);
@@ -785,6 +807,14 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 
 #pragma unroll
   for (int f = 0; f < S - 1; ++f) issue(f, f);
+  if constexpr (XS) {  // after the first weight loads are in flight; rows past m are zeros
+    for (int i = threadIdx.x; i < M_PAD * 4 * kc; i += kBlockThreads) {
+      const int r = i / (4 * kc), piece = i - r * 4 * kc;
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + r * p.stride_xm) + piece;
+      xs[(4 * r + piece % 4) * kc + piece / 4] = r < p.m ? W4_LDG(src) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    __syncthreads();
+  }
   for (int e0 = 0; e0 < count; e0 += S) {
 #pragma unroll
     for (int u = 0; u < S; ++u) {
@@ -802,7 +832,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint32_t b[4];
-        detail::x_fragments(ok ? W4_LDG(xrow + 4 * chunk + j) : make_uint4(0u, 0u, 0u, 0u), b);
+        const uint4 xv = !ok ? make_uint4(0u, 0u, 0u, 0u) : XS ? xs[(4 * pr + j) * kc + chunk] : W4_LDG(xrow + 4 * chunk + j);
+        detail::x_fragments(xv, b);
 #pragma unroll
         for (int i = 0; i < R / 2; ++i) {
           uint32_t d0[4], d1[4];  // A rows q (set 2 i) and q + 8 (set 2 i + 1)
@@ -856,14 +887,14 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 
 // Rows a block covers at split 1.
 inline int tile_rows(int variant, int m) {
-  return variant == kVariantSeg ? kBlockThreads / 32 * kSegRowSets * seg_m_pad(m) : kTileRows;
+  return is_seg(variant) ? kBlockThreads / 32 * kSegRowSets * seg_m_pad(m) : kTileRows;
 }
 
 inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int variant) {
   const int warps = kBlockThreads / warp_size;
   const int rows = tile_rows(variant, m);
   if (variant != kVariantBase) {
-    const int iter_k = variant == kVariantSeg ? 8 / seg_m_pad(m) * kIterK : kIterK;
+    const int iter_k = is_seg(variant) ? 8 / seg_m_pad(m) * kIterK : kIterK;
     const int iters = (k + iter_k - 1) / iter_k;
     const int slots = num_sms * kMinBlocks;
     double best = -1.0;
@@ -912,16 +943,26 @@ void launch_tile(const SkinnyParams& p, stream_t stream) {
 }
 
 #if !W4_HIP
+template <typename T, int M_PAD, int G, bool SYM, bool XS>
+void launch_seg_kernel(const SkinnyParams& p, int blocks, int shared_bytes, stream_t stream) {
+  const auto kernel = skinny_seg_kernel<T, M_PAD, G, SYM, XS>;
+#if W4_EMU
+  (void)stream;
+  ::w4emu::launch(kernel, blocks, kBlockThreads, p, shared_bytes);
+#else
+  // Above 48 KiB of dynamic shared memory a kernel must opt in (per device, so on every launch).
+  if (shared_bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
+  kernel<<<blocks, kBlockThreads, shared_bytes, stream>>>(p);
+#endif
+}
+
 template <typename T, int M_PAD, int G, bool SYM>
 void launch_seg_tile(const SkinnyParams& p, stream_t stream) {
   const int block_rows = kBlockThreads / 32 / p.split * kSegRowSets * M_PAD;
   const int blocks = (p.n + block_rows - 1) / block_rows;
-#if W4_EMU
-  (void)stream;
-  ::w4emu::launch(skinny_seg_kernel<T, M_PAD, G, SYM>, blocks, kBlockThreads, p);
-#else
-  skinny_seg_kernel<T, M_PAD, G, SYM><<<blocks, kBlockThreads, 0, stream>>>(p);
-#endif
+  const int shared_bytes = p.variant == kVariantSegXs ? seg_x_shared_bytes(p.m, p.k, p.split) : 0;
+  if (shared_bytes > 0) return launch_seg_kernel<T, M_PAD, G, SYM, true>(p, blocks, shared_bytes, stream);
+  launch_seg_kernel<T, M_PAD, G, SYM, false>(p, blocks, 0, stream);
 }
 
 template <typename T, int G, bool SYM>
@@ -957,7 +998,7 @@ void launch_m(const SkinnyParams& p, stream_t stream) {
 // (T, E, V) in its own translation unit (skinny_inst_v*.cu, declared in skinny_instances.h).
 template <typename T, Engine E, int V>
 void launch_variant(const SkinnyParams& p, stream_t stream) {
-  if constexpr (V == kVariantSeg) {
+  if constexpr (is_seg(V)) {
 #if W4_HIP
     return launch_variant<T, E, kVariantRegs>(p, stream);
 #else
@@ -996,6 +1037,7 @@ void launch_engine(const SkinnyParams& p, stream_t stream) {
   switch (p.variant) {
     case kVariantRegs: return launch_variant<T, E, kVariantRegs>(p, stream);
     case kVariantSeg: return launch_variant<T, E, kVariantSeg>(p, stream);
+    case kVariantSegXs: return launch_variant<T, E, kVariantSegXs>(p, stream);
     default: return launch_variant<T, E, kVariantBase>(p, stream);
   }
 }

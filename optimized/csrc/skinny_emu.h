@@ -114,11 +114,16 @@ struct Warp {
 };
 
 struct Block {
-  explicit Block(int threads) : sync(threads), warps(threads / 32) {
+  // Dynamic shared memory starts as all-ones bits (NaN in both 16-bit types), so that a kernel
+  // reading what it never wrote shows in the emulated result.
+  Block(int threads, int shared_bytes)
+      : sync(threads), warps(threads / 32), dynamic_shared(static_cast<size_t>(shared_bytes + 15) / 16) {
     for (auto& w : warps) w = std::make_unique<Warp>();
+    std::memset(static_cast<void*>(dynamic_shared.data()), 0xFF, dynamic_shared.size() * sizeof(uint4));
   }
   std::barrier<> sync;
   std::vector<std::unique_ptr<Warp>> warps;
+  std::vector<uint4> dynamic_shared;
 };
 
 struct ThreadState {
@@ -129,6 +134,11 @@ struct ThreadState {
 inline thread_local ThreadState self;
 
 inline Warp& my_warp() { return *self.block->warps[self.tid / 32]; }
+
+template <typename T>
+T* dynamic_shared() {
+  return reinterpret_cast<T*>(self.block->dynamic_shared.data());
+}
 
 inline float shfl_xor(float v, int mask) {
   Warp& w = my_warp();
@@ -176,9 +186,9 @@ inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
 inline void syncthreads() { self.block->sync.arrive_and_wait(); }
 
 template <typename P>
-void launch(void (*kernel)(P), int blocks, int threads, const P& p) {
+void launch(void (*kernel)(P), int blocks, int threads, const P& p, int shared_bytes = 0) {
   for (int b = 0; b < blocks; ++b) {
-    Block block(threads);
+    Block block(threads, shared_bytes);
     std::vector<std::thread> pool;
     pool.reserve(static_cast<size_t>(threads));
     for (int tid = 0; tid < threads; ++tid) {
