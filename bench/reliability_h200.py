@@ -20,8 +20,8 @@
     judged by the oracle against the fp64 reference of those rows and columns only.
 (c) determinism: repeated calls (on fresh copies of x) are bit-identical; permuting the rows of x
     permutes the output rows bit for bit; and row i keeps its bits for every M of one
-    configuration range: the Triton table's M buckets, the skinny kernel's two variant ranges
-    (M <= REGS_MAX_M, above). Across a Triton bucket edge rows may differ within the error bound:
+    configuration range: the Triton table's M buckets, the skinny kernel's
+    optimized.skinny.same_rows_ranges. Across a Triton bucket edge rows may differ within the error bound:
     how many elements do is recorded, not judged.
 (d) --sanitize full|small: every kernel over oracle.shapes.BOUNDARY_SHAPES (small: three of them,
     bf16, fewer M, for racecheck) with strided x, both symmetries; for compute-sanitizer, whose log
@@ -322,10 +322,10 @@ def run_large(plan: Plan, fns: dict[str, Kernel]) -> list[dict]:
 # (c) determinism and batch invariance
 
 
-def m_ranges(name: str, plan: Plan) -> list[tuple[int, int]]:
+def m_ranges(name: str, plan: Plan, symmetric: bool) -> list[tuple[int, int]]:
     """(first M, last M) of each range over which a kernel promises bit-identical rows."""
     if name.startswith("skinny"):
-        return [(1, skinny.REGS_MAX_M), (skinny.REGS_MAX_M + 1, skinny.MAX_M)]
+        return skinny.same_rows_ranges(symmetric, "simt" if name == "skinny-simt" else "mma")
     out, lo = [], 1
     for top, _ in table_for(device_name(torch.device(plan.device))).buckets:
         hi = plan.m_cap if top is None else top
@@ -347,7 +347,7 @@ def determinism_checks(fn: Kernel, name: str, x: torch.Tensor, p: Packed, plan: 
         checks.append({"check": check, "m": m, "identical": same, "informational": informational,
                        **({} if same else {"detail": first_difference(got, want)})})
 
-    ranges = m_ranges(name, plan)
+    ranges = m_ranges(name, plan, p.zeros is None)
     for lo, hi in ranges:
         full = call(fn, x[:hi], p)
         for m in sorted({lo, (lo + hi) // 2, hi}):

@@ -45,6 +45,24 @@ def default_variant(m: int, symmetric: bool) -> int:
     return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("base")
 
 
+def same_rows_ranges(symmetric: bool, engine: str = "mma") -> list[tuple[int, int]]:
+    """(first M, last M) of each range of M over which the default policy keeps row i of the
+    output bit-identical: the M that run one kernel with one split and one mma tile. The segmented
+    kernel's tile, K segments and split follow M rounded up to 1, 2 or 4, so with zero points on
+    the mma engine M = 1, 2 and 3..4 are ranges of their own (the H200 reliability run measured
+    rows of M = 1 and M = 4 differing from M = 8 before these ranges were split)."""
+    def config(m: int) -> tuple[int, bool]:
+        seg = engine == "mma" and VARIANTS[default_variant(m, symmetric)].startswith("seg")
+        return (1 if m <= 1 else 2 if m <= 2 else 4) if seg else 0, m <= REGS_MAX_M
+    ranges: list[tuple[int, int]] = []
+    for m in range(1, MAX_M + 1):
+        if ranges and config(m) == config(ranges[-1][0]):
+            ranges[-1] = (ranges[-1][0], m)
+        else:
+            ranges.append((m, m))
+    return ranges
+
+
 OP = "w4a16::skinny_matmul"
 EXTENSION_NAME = "w4a16_skinny"
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -150,9 +168,10 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     variant: an index into VARIANTS, for benchmarking; -1 (the default) picks by M and symmetry
     (default_variant).
     Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics). Row i is bit-identical
-    for every M that runs the same kernel (under the default: M 1..4, 5..8 and 9..16 with zero
-    points, 1..8 and 9..16 without); across those ranges the summation order changes, and a row
-    can differ in its last bits, within the error bound.
+    for every M that runs the same kernel configuration (under the default, same_rows_ranges: M 1,
+    2, 3..4, 5..8 and 9..16 with zero points on the tensor cores, 1..8 and 9..16 otherwise);
+    across those ranges the summation order changes, and a row can differ in its last bits,
+    within the error bound.
     Raises ContractError before any build or launch, SkinnyUnavailable when it cannot run here.
     """
     if isinstance(qweight, torch.Tensor) and qweight.dtype in (torch.int8, torch.uint8) and qweight.dim() == 2 \

@@ -12,9 +12,9 @@ Three properties, each checked by one function that the last section proves agai
 What each kernel promises about M (and so what is tested):
 * Triton (optimized/triton_w4a16.py, "Batch invariance"): bit-identical within one M bucket of
   its tile table; across a bucket edge only within the error bound.
-* skinny (csrc/skinny_core.cuh): deterministic; rows are computed independently, and the variant
-  and split depend on M only through default_variant (regs_s4 for M <= REGS_MAX_M, base above),
-  so M invariance is tested within each of those two ranges.
+* skinny (csrc/skinny_core.cuh): deterministic; rows are computed independently, and the kernel,
+  split and mma tile depend on M only through default_variant and the segmented kernel's padded
+  M, so M invariance is tested within each of optimized.skinny.same_rows_ranges.
 * the reference: fp64 torch matmul, row by row independent of M.
 """
 
@@ -172,9 +172,16 @@ def skinny_run(binary, work, engine: str, dtype: torch.dtype, seed: int) -> tupl
 
 
 ENGINES = {"mma-fp16": ("mma", torch.float16), "simt-bf16": ("simt", torch.bfloat16)}
-# M ranges that run one variant under the default policy (problem() makes asymmetric weights).
-VARIANT_RANGES = {"seg_xs": (1, skinny.SEG_MAX_M), "regs_s4": (skinny.SEG_MAX_M + 1, skinny.REGS_MAX_M),
-                  "base": (skinny.REGS_MAX_M + 1, skinny.MAX_M)}
+# M ranges that run one configuration under the default policy (problem() makes asymmetric weights).
+RANGES = [pytest.param(engine, dtype, lo, hi, id=f"{name}-M{lo}-{hi}") for name, (engine, dtype) in ENGINES.items()
+          for lo, hi in skinny.same_rows_ranges(symmetric=False, engine=engine)]
+
+
+
+def test_same_rows_ranges_split_at_the_segmented_tile():
+    assert skinny.same_rows_ranges(symmetric=False) == [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16)]
+    assert skinny.same_rows_ranges(symmetric=True) == [(1, 8), (9, 16)]
+    assert skinny.same_rows_ranges(symmetric=False, engine="simt") == [(1, 8), (9, 16)]
 
 
 @pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())
@@ -184,19 +191,14 @@ def test_skinny_deterministic(plain_emulator, tmp_path, engine, dtype, m):
     assert_deterministic(run, x[:m])
 
 
-@pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())
-@pytest.mark.parametrize("variant", VARIANT_RANGES)
-def test_skinny_rows_independent(plain_emulator, tmp_path, engine, dtype, variant):
-    lo, hi = VARIANT_RANGES[variant]
+@pytest.mark.parametrize("engine, dtype, lo, hi", [r for r in RANGES if r.values[3] > 1])  # M = 1 has no other rows
+def test_skinny_rows_independent(plain_emulator, tmp_path, engine, dtype, lo, hi):
     run, x = skinny_run(plain_emulator, tmp_path, engine, dtype, seed=hi)
     assert_rows_independent(run, x[:hi], keep=lo - 1 + (hi - lo) // 2, seed=hi)
 
 
-@pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())
-@pytest.mark.parametrize("variant", VARIANT_RANGES)
-def test_skinny_same_rows_within_a_variant(plain_emulator, tmp_path, engine, dtype, variant):
-    lo, hi = VARIANT_RANGES[variant]
-    assert {skinny.default_variant(m, symmetric=False) for m in range(lo, hi + 1)} == {skinny.VARIANTS.index(variant)}
+@pytest.mark.parametrize("engine, dtype, lo, hi", [r for r in RANGES if r.values[3] > r.values[2]])
+def test_skinny_same_rows_within_a_range(plain_emulator, tmp_path, engine, dtype, lo, hi):
     run, x = skinny_run(plain_emulator, tmp_path, engine, dtype, seed=lo)
     assert_same_rows_for_every_m(run, x, tuple(sorted({lo, (lo + hi) // 2, hi})))
 
