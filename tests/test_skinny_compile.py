@@ -276,7 +276,8 @@ def test_python_limits_match_the_kernel():
     enum = re.search(r"enum Variant : int \{ (.*) \};", core).group(1)
     assert [int(v) for v in re.findall(r"kVariant\w+ = (\d+)", enum)] == list(range(len(skinny.VARIANTS)))
     assert int(re.search(r"kSegMaxM = (\d+);", core).group(1)) == skinny.SEG_MAX_M
-    assert int(re.search(r"kSegXsMaxBytes = (\d+) \* 1024;", core).group(1)) * 1024 == skinny.SEG_XS_MAX_BYTES
+    xs_kib = int(re.search(r"kSegXsMaxBytes = (\d+) \* 1024;", core).group(1))
+    assert xs_kib * 1024 == skinny.SEG_XS_MAX_BYTES
     assert re.search(r"return m <= kSegMaxM && !symmetric \? kVariantSegXs : m <= kRegsMaxM \? kVariantRegs : kVariantBase;",
                      core), "default_variant in skinny_core.cuh changed: update skinny.default_variant"
     v = skinny.VARIANTS.index

@@ -55,8 +55,6 @@
 #define W4_LDG(ptr) __ldg(ptr)
 #endif
 
-// Caps registers so that `min_blocks` blocks share one SM (CUDA). HIP reads a second argument
-// as waves per execution unit, a different quantity, so it gets none.
 // The kernel's dynamic shared memory (sized at launch) as `type name[]`.
 #if W4_EMU
 #define W4_DYNAMIC_SHARED(type, name) type* name = ::w4emu::dynamic_shared<type>()
@@ -64,6 +62,8 @@
 #define W4_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #endif
 
+// Caps registers so that `min_blocks` blocks share one SM (CUDA). HIP reads a second argument
+// as waves per execution unit, a different quantity, so it gets none.
 #if W4_EMU
 #define W4_LAUNCH_BOUNDS(threads, min_blocks)
 #elif W4_HIP

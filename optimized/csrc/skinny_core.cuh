@@ -62,8 +62,9 @@ constexpr int kNumVariants = 4;
 constexpr int kAutoVariant = -1;  // default_variant(m, symmetric), per call
 
 // The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) for asymmetric weights at
-// M <= kSegMaxM, regs_s4 for the rest up to M = kRegsMaxM, base above. On the H200 (mma engine, 5 decode shapes x fp16 sym / bf16 asym at
-// M in {1, 2, 4, 5, 8, 9, 16}; bench/results/h200/skinny_variants_log.txt, v0/v1 = base under its
+// M <= kSegMaxM, regs_s4 for the rest up to M = kRegsMaxM, base above. On the H200 (mma engine,
+// 5 decode shapes x fp16 sym / bf16 asym at M in {1, 2, 4, 5, 8, 9, 16};
+// bench/results/h200/skinny_variants_log.txt, v0/v1 = base under its
 // old and its present split policy, v2 = regs_s4), regs_s4 was the fastest of the three in 42 of
 // 50 cells at M <= 8, base in 13 of 20 at M = 9 and 16. Against seg_r4 at M = 1..4 on every
 // fixture shape (27 shapes; skinny_h200_seg_r4.md against skinny_h200_regs_default.md), regs_s4
@@ -832,7 +833,9 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint32_t b[4];
-        const uint4 xv = !ok ? make_uint4(0u, 0u, 0u, 0u) : XS ? xs[(4 * pr + j) * kc + chunk] : W4_LDG(xrow + 4 * chunk + j);
+        const uint4 xv = !ok ? make_uint4(0u, 0u, 0u, 0u)
+                         : XS ? xs[(4 * pr + j) * kc + chunk]
+                              : W4_LDG(xrow + 4 * chunk + j);
         detail::x_fragments(xv, b);
 #pragma unroll
         for (int i = 0; i < R / 2; ++i) {
