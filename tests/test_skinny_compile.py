@@ -26,9 +26,6 @@ CSRC = Path(skinny.__file__).resolve().parent / "csrc"
 INSTANTIATE = CSRC / "skinny_instantiate.cu"  # the dispatch, every kernel extern
 VARIANT_UNITS = sorted(CSRC.glob("skinny_inst_v*.cu"), key=lambda f: int(f.stem.removeprefix("skinny_inst_v")))
 REQUIRE_COMPILERS = os.environ.get("W4A16_REQUIRE_COMPILERS") == "1"
-# The flags torch.utils.cpp_extension adds, so the check sees what an extension build sees.
-TORCH_HALF_FLAGS = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
-                    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
 
 
 def find_compiler(name: str) -> str:
@@ -65,23 +62,27 @@ def ptxas_report(log: str) -> dict[str, tuple[int, int, int, int]]:
 # Compilers
 
 
-def test_nvcc_compiles_core_for_sm90(tmp_path):
+@pytest.fixture(scope="module")
+def sm90_objects(tmp_path_factory) -> tuple[Path, list[str]]:
     """The extension's translation units (the dispatch with every kernel extern, and one unit per
-    variant), compiled side by side, link with nothing undefined; no pipelined or segmented kernel
-    spills."""
+    variant) compiled side by side for sm_90: their folder and ptxas logs."""
+    from bench.skinny_sass import nvcc_command
+
     nvcc = find_compiler("nvcc")
+    work = tmp_path_factory.mktemp("sm90")
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        logs = list(pool.map(lambda u: compile_or_fail(nvcc_command(nvcc, u, work / f"{u.stem}.o")),
+                             [INSTANTIATE, *VARIANT_UNITS]))
+    return work, logs
+
+
+def test_nvcc_compiles_core_for_sm90(sm90_objects):
+    """The units link with nothing undefined; no pipelined or segmented kernel spills."""
+    work, logs = sm90_objects
     units = [INSTANTIATE, *VARIANT_UNITS]
     assert len(VARIANT_UNITS) == len(skinny.VARIANTS)
-
-    def build(unit: Path) -> str:
-        return compile_or_fail([nvcc, "-std=c++17", "-O3", "-gencode", "arch=compute_90,code=sm_90", "-Xptxas", "-v",
-                                "-Xcompiler", "-fPIC", *TORCH_HALF_FLAGS, "-c", str(unit), "-o",
-                                str(tmp_path / f"{unit.stem}.o")])
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        logs = list(pool.map(build, units))
-    compile_or_fail([nvcc, "-shared", "-Xlinker", "--no-undefined", "-o", str(tmp_path / "libskinny.so"),
-                     *(str(tmp_path / f"{u.stem}.o") for u in units)])
+    compile_or_fail([find_compiler("nvcc"), "-shared", "-Xlinker", "--no-undefined", "-o", str(work / "libskinny.so"),
+                     *(str(work / f"{u.stem}.o") for u in units)])
     report = {}
     for log in logs:
         report.update(ptxas_report(log))
@@ -90,6 +91,22 @@ def test_nvcc_compiles_core_for_sm90(tmp_path):
     assert any("skinny_seg_kernel" in name for name in pipe), "no segmented kernel was compiled"
     spilling = {name: r for name, r in pipe.items() if r[1:] != (0, 0, 0)}
     assert not spilling, f"pipelined kernels with a stack frame or spills (regs, stack, st, ld): {spilling}"
+
+
+def test_segmented_loop_instruction_budget(sm90_objects):
+    """The M = 1 kernel's main loop (seg_xs with x in shared memory, bf16, zero points, G = 128):
+    one tensor-core mma per 8 weights of a lane, no local memory, at most 3.4 instructions per
+    weight (3.33 today; the H200 ran it issuing in 70% of its cycles, so the count bounds its speed,
+    bench/skinny_sass.py)."""
+    from bench.skinny_sass import kernels, loop_cost, object_sass
+
+    work, _ = sm90_objects
+    k = kernels()[0]
+    cost = loop_cost(k, object_sass(work / f"skinny_inst_v{skinny.VARIANTS.index(k.variant)}.o"), "bf16", 128, False)
+    ops = cost["opcodes_per_weight"]
+    assert ops.get("HMMA.16816.F32.BF16") == pytest.approx(1 / 8), ops
+    assert not [op for op in ops if op.startswith(("LDL", "STL"))], ops
+    assert cost["per_weight"] <= 3.4, cost
 
 
 @pytest.mark.parametrize("arch,wave", [
