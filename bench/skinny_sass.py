@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.triton_sass import loop_opcodes, tool  # noqa: E402
+from bench.triton_sass import cuobjdump, loop_opcodes  # noqa: E402
 from optimized import skinny  # noqa: E402
 
 CORE = skinny.CSRC / "skinny_core.cuh"
@@ -82,8 +82,7 @@ def nvcc_command(nvcc: str, source: Path, obj: Path) -> list[str]:
 
 
 def object_sass(obj: Path) -> str:
-    return subprocess.run([str(tool("cuobjdump")), "-sass", str(obj)], capture_output=True, text=True,
-                          check=True).stdout
+    return cuobjdump(obj.read_bytes(), "-sass")
 
 
 def compile_sass(variant: str, work: Path) -> str:

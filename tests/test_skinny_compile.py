@@ -98,11 +98,11 @@ def test_segmented_loop_instruction_budget(sm90_objects):
     one tensor-core mma per 8 weights of a lane, no local memory, at most 3.4 instructions per
     weight (3.33 today; the H200 ran it issuing in 70% of its cycles, so the count bounds its speed,
     bench/skinny_sass.py)."""
-    from bench.skinny_sass import kernels, loop_cost, object_sass
+    from bench.skinny_sass import kernels, loop_cost, object_sass, unit
 
     work, _ = sm90_objects
     k = kernels()[0]
-    cost = loop_cost(k, object_sass(work / f"skinny_inst_v{skinny.VARIANTS.index(k.variant)}.o"), "bf16", 128, False)
+    cost = loop_cost(k, object_sass(work / f"{unit(k.variant).stem}.o"), "bf16", 128, False)
     ops = cost["opcodes_per_weight"]
     assert ops.get("HMMA.16816.F32.BF16") == pytest.approx(1 / 8), ops
     assert not [op for op in ops if op.startswith(("LDL", "STL"))], ops
