@@ -95,8 +95,8 @@ def test_nvcc_compiles_core_for_sm90(sm90_objects):
 
 def test_segmented_loop_instruction_budget(sm90_objects):
     """The M = 1 kernel's main loop (seg_xs with x in shared memory, bf16, zero points, G = 128):
-    one tensor-core mma per 8 weights of a lane, no local memory, at most 3.4 instructions per
-    weight (3.33 today; the H200 ran it issuing in 70% of its cycles, so the count bounds its speed,
+    one tensor-core mma per 8 weights of a lane, no local memory, at most 3.25 instructions per
+    weight (3.15 today; the H200 ran it issuing in 70% of its cycles, so the count bounds its speed,
     bench/skinny_sass.py)."""
     from bench.skinny_sass import kernels, loop_cost, object_sass, unit
 
@@ -106,7 +106,7 @@ def test_segmented_loop_instruction_budget(sm90_objects):
     ops = cost["opcodes_per_weight"]
     assert ops.get("HMMA.16816.F32.BF16") == pytest.approx(1 / 8), ops
     assert not [op for op in ops if op.startswith(("LDL", "STL"))], ops
-    assert cost["per_weight"] <= 3.4, cost
+    assert cost["per_weight"] <= 3.25, cost
 
 
 @pytest.mark.parametrize("arch,wave", [

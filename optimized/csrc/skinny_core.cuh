@@ -776,27 +776,41 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
     zshift[a] = 4 * (r & 7);
     if (M_PAD * a % 8 == 0) zrows[M_PAD * a / 8] = rows[a] >> 3;
   }
-  // x row pr in 16-byte units; a row past m reads row 0 and feeds only discarded columns.
-  const uint4* xrow = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + (pr < p.m ? pr : 0) * p.stride_xm);
+  // The lane's chunk in iteration e is chunk0 + e * step, its group group0 + e * step / (G / 32)
+  // (step is a multiple of G / 32). The offsets of iteration 0 are kept unsigned, so that each
+  // iteration's address is one add and one wide multiply-add; a row's scale offset is its chunk
+  // offset / (G / 32), as a row holds kc = groups * G / 32 chunks.
+  constexpr int kGroupShift = G == 128 ? 2 : G == 64 ? 1 : 0;
+  static_assert(G >> kGroupShift == kLaneK, "G / 32 is a power of two");
+  const int chunk0 = 4 * (w_k * SEG + seg) + t;
+  const int step = p.split * kIterChunks;
+  const int group0 = chunk0 >> kGroupShift;
+  unsigned woff[R], zoff[ZW];
+#pragma unroll
+  for (int a = 0; a < R; ++a) woff[a] = rows[a] * kc + chunk0;
+#pragma unroll
+  for (int w = 0; w < ZW; ++w) zoff[w] = zrows[w] * groups + group0;
+  // x row pr in 16-byte units at the lane's first chunk; a row past m reads row 0 and feeds only
+  // discarded columns.
+  const uint4* xlane = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + (pr < p.m ? pr : 0) * p.stride_xm) +
+                       4 * chunk0;
+  const uint4* xs_lane = xs + 4 * pr * kc + chunk0;
 
   uint4 wr[S][R];
   uint32_t sr[S][R], zr[SYM ? 1 : S][ZW];
-  auto chunk_of = [&](int e) { return 4 * ((w_k + e * p.split) * SEG + seg) + t; };
   // Issues the loads of the warp's iteration f (nothing past count) into ring entry `slot`.
   auto issue = [&](int f, int slot) {
     if (f >= count) return;
-    const int chunk = chunk_of(f);
-    const bool ok = chunk < kc;
-    const int group = chunk / (G / kLaneK);
+    const unsigned wf = f * step, gf = f * (step >> kGroupShift);
+    const bool ok = chunk0 + f * step < kc;
 #pragma unroll
     for (int a = 0; a < R; ++a) {
-      const uint4* wp = qw + rows[a] * kc + chunk;
-      wr[slot][a] = ok ? detail::load_weights</*PREFETCH=*/false>(wp) : make_uint4(0u, 0u, 0u, 0u);
-      sr[slot][a] = ok ? W4_LDG(scales + rows[a] * groups + group) : 0u;
+      wr[slot][a] = ok ? detail::load_weights</*PREFETCH=*/false>(qw + (woff[a] + wf)) : make_uint4(0u, 0u, 0u, 0u);
+      sr[slot][a] = ok ? W4_LDG(scales + ((woff[a] + wf) >> kGroupShift)) : 0u;
     }
 #pragma unroll
     for (int w = 0; w < ZW; ++w) {
-      if constexpr (!SYM) zr[SYM ? 0 : slot][w] = ok ? W4_LDG(p.zeros + zrows[w] * groups + group) : 0u;
+      if constexpr (!SYM) zr[SYM ? 0 : slot][w] = ok ? W4_LDG(p.zeros + (zoff[w] + gf)) : 0u;
     }
   };
 
@@ -822,8 +836,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
       const int e = e0 + u;  // in ring entry u, as e0 % S == 0
       if (e >= count) break;  // the same for the whole warp, as the mma needs
       issue(e + S - 1, (u + S - 1) % S);  // into the entry iteration e - 1 used
-      const int chunk = chunk_of(e);
-      const bool ok = chunk < kc;
+      const unsigned xe = e * step;
+      const bool ok = chunk0 + e * step < kc;
       uint32_t s2[R], z[R];
 #pragma unroll
       for (int a = 0; a < R; ++a) {
@@ -834,8 +848,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
       for (int j = 0; j < 4; ++j) {
         uint32_t b[4];
         const uint4 xv = !ok ? make_uint4(0u, 0u, 0u, 0u)
-                         : XS ? xs[(4 * pr + j) * kc + chunk]
-                              : W4_LDG(xrow + 4 * chunk + j);
+                         : XS ? xs_lane[j * kc + xe]
+                              : W4_LDG(xlane + (4 * xe + j));
         detail::x_fragments(xv, b);
 #pragma unroll
         for (int i = 0; i < R / 2; ++i) {
