@@ -33,6 +33,8 @@
 //    bytes fit in kSegXsMaxBytes); seg_r4 otherwise.
 #pragma once
 
+#include <type_traits>
+
 #include "compat.h"
 
 namespace w4 {
@@ -431,6 +433,12 @@ __device__ __forceinline__ void nibble_pairs<bf16_t>(uint32_t w, uint32_t z, uin
   for (int i = 0; i < 4; ++i) out[i] = fma2<bf16_t>(and_or(w >> (4 * i), 0x000F000Fu, kMagic), kOne, neg_128_z);
 }
 
+// Pairs (128 + q_i, 128 + q_{i+4}) of one word in bf16, exact.
+__device__ __forceinline__ void offset_pairs_bf16(uint32_t w, uint32_t (&out)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = and_or(w >> (4 * i), 0x000F000Fu, 0x43004300u);
+}
+
 // (q - z) * s pairs of one word in T, one rounding each (nibble_pairs is exact), for the
 // pipelined kernels' mma engines.
 template <typename T>
@@ -749,6 +757,17 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   constexpr int ZW = kWarpRows < 8 ? 1 : kWarpRows / 8;
   static_assert(W4_WARP_SIZE == 32 && R % 2 == 0 && 4 % M_PAD == 0, "16-row A tiles of two row sets on 32 lanes");
   static_assert(G % kLaneK == 0, "a lane's 32-k chunk lies in one group");
+  // An mma step's 16 k of a row come from the quad's 4 chunks, 128 k of one segment. At G = 128
+  // that is one group, so the weights go into the mma as exact q - z and each iteration's sums
+  // are scaled once in fp32: one multiply per 16 weights instead of one per 2.
+  constexpr bool kScaleAfter = G == 4 * kLaneK;
+  // bf16 goes further: the mma takes 128 + q (one lop3 per pair, no subtract) and the iteration
+  // subtracts (128 + z) sum(x), with sum(x) from one more mma pair per step whose A is all ones,
+  // shared by the lane's rows. The products are exact in fp32 and the sums lose about 5 of fp32's
+  // 24 bits to the 128 offset, far inside bf16's 8. fp16 would need 1024 + q and lose 8 bits, so
+  // it keeps the exact q - z. With zero points at M_PAD 2 and 4 the sums' registers spill at
+  // 128 registers a thread, so those keep q - z too.
+  constexpr bool kZeroAfter = kScaleAfter && std::is_same<T, bf16_t>::value && (SYM || M_PAD == 1);
   // Partial sums [split][block rows][8]: entry j = SEG m + s of a row is x row m at segment s.
   __shared__ float red[kWarps * kWarpRows * 8];
   W4_DYNAMIC_SHARED(uint4, xs);
@@ -844,6 +863,13 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
         s2[a] = sr[u][a] * 0x10001u;
         z[a] = SYM ? 8u : (zr[SYM ? 0 : u][M_PAD * a / 8] >> zshift[a]) & 0xFu;
       }
+      // With kScaleAfter the iteration's mma steps sum (q - z) x (or (128 + q) x) into `part`,
+      // scaled once; xsum: sum(x) of C column 2 t + c % 2 for kZeroAfter.
+      float part[R / 2][4], xsum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < R / 2; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) part[i][c] = 0.f;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint32_t b[4];
@@ -851,16 +877,40 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
                          : XS ? xs_lane[j * kc + xe]
                               : W4_LDG(xlane + (4 * xe + j));
         detail::x_fragments(xv, b);
+        if constexpr (kZeroAfter) {
+          constexpr uint32_t kOnes[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+          detail::mma16816<T>(xsum, kOnes, b[0], b[1]);
+          detail::mma16816<T>(xsum, kOnes, b[2], b[3]);
+        }
 #pragma unroll
         for (int i = 0; i < R / 2; ++i) {
           uint32_t d0[4], d1[4];  // A rows q (set 2 i) and q + 8 (set 2 i + 1)
-          detail::scaled_pairs<T>(detail::word(wr[u][2 * i], j), z[2 * i], s2[2 * i], d0);
-          detail::scaled_pairs<T>(detail::word(wr[u][2 * i + 1], j), z[2 * i + 1], s2[2 * i + 1], d1);
+          if constexpr (kZeroAfter) {
+            detail::offset_pairs_bf16(detail::word(wr[u][2 * i], j), d0);
+            detail::offset_pairs_bf16(detail::word(wr[u][2 * i + 1], j), d1);
+          } else if constexpr (kScaleAfter) {
+            detail::nibble_pairs<T>(detail::word(wr[u][2 * i], j), z[2 * i], d0);
+            detail::nibble_pairs<T>(detail::word(wr[u][2 * i + 1], j), z[2 * i + 1], d1);
+          } else {
+            detail::scaled_pairs<T>(detail::word(wr[u][2 * i], j), z[2 * i], s2[2 * i], d0);
+            detail::scaled_pairs<T>(detail::word(wr[u][2 * i + 1], j), z[2 * i + 1], s2[2 * i + 1], d1);
+          }
           const uint32_t a_even[4] = {d0[0], d1[0], d0[1], d1[1]};
           const uint32_t a_odd[4] = {d0[2], d1[2], d0[3], d1[3]};
-          detail::mma16816<T>(acc[i], a_even, b[0], b[1]);
-          detail::mma16816<T>(acc[i], a_odd, b[2], b[3]);
+          float(&c)[4] = kScaleAfter ? part[i] : acc[i];
+          detail::mma16816<T>(c, a_even, b[0], b[1]);
+          detail::mma16816<T>(c, a_odd, b[2], b[3]);
         }
+      }
+      if constexpr (kScaleAfter) {
+#pragma unroll
+        for (int i = 0; i < R / 2; ++i)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int a = 2 * i + c / 2;
+            const float sum = kZeroAfter ? part[i][c] - static_cast<float>(128u + z[a]) * xsum[c] : part[i][c];
+            acc[i][c] += bits_to_float<T>(sr[u][a]) * sum;
+          }
       }
     }
   }
