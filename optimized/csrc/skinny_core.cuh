@@ -13,7 +13,9 @@
 //    m16n8k16 steps with the weight as the 16-row A operand and up to 8 (or 16) rows of x as B.
 //    A lane's A values for one step are 4 nibbles of one of its words, so one step's 16 logical
 //    k are 4 nibbles from each of the quad's 4 chunks; x is permuted to the same order. Weights
-//    are dequantized to T as (q - z) * s (one rounding), products and sums are fp32.
+//    are dequantized to T as (q - z) * s (one rounding), products and sums are fp32. At G = 128
+//    the quad's 4 chunks are one group, so the pipelined and segmented kernels feed the exact
+//    q - z instead and scale each group's fp32 sums once (the base kernel still rounds).
 //  * kSimt (everywhere, the only engine on HIP): each lane forms fp32 dot products over its
 //    chunk, (q - z) * s exact in fp32, then the quad adds its 4 partial sums with shuffles.
 //
@@ -32,8 +34,6 @@
 //    permuted so that the warp's x loads are as contiguous as its weight loads (where M_PAD x K x 2
 //    bytes fit in kSegXsMaxBytes); seg_r4 otherwise.
 #pragma once
-
-#include <type_traits>
 
 #include "compat.h"
 
@@ -433,12 +433,6 @@ __device__ __forceinline__ void nibble_pairs<bf16_t>(uint32_t w, uint32_t z, uin
   for (int i = 0; i < 4; ++i) out[i] = fma2<bf16_t>(and_or(w >> (4 * i), 0x000F000Fu, kMagic), kOne, neg_128_z);
 }
 
-// Pairs (128 + q_i, 128 + q_{i+4}) of one word in bf16, exact.
-__device__ __forceinline__ void offset_pairs_bf16(uint32_t w, uint32_t (&out)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) out[i] = and_or(w >> (4 * i), 0x000F000Fu, 0x43004300u);
-}
-
 // (q - z) * s pairs of one word in T, one rounding each (nibble_pairs is exact), for the
 // pipelined kernels' mma engines.
 template <typename T>
@@ -449,11 +443,14 @@ __device__ __forceinline__ void scaled_pairs(uint32_t w, uint32_t z, uint32_t s2
   for (int i = 0; i < 4; ++i) out[i] = fma2<T>(out[i], s2, kNegZero);
 }
 
-template <typename T, int M_TILE>
+template <typename T, int M_TILE, int G>
 struct MmaPipeAccumulator {
   static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0, "mma tiles are 16 rows x 8 m on 32 lanes");
   static_assert(kLaneRows == 2, "a lane's rows quad and quad + 8 form one 16-row A tile");
   static constexpr int kTiles = M_TILE / 8;
+  // A chunk call's 128 k (the quad's 4 chunks) are one group at G = 128: the mma then takes exact
+  // q - z and the call's sums are scaled once in fp32, as in the segmented kernel.
+  static constexpr bool kScaleAfter = G == 4 * kLaneK;
   float acc[kTiles][4];
   // This lane's x rows quad + 8 i in 16-byte units. A row past m reads row 0 instead: it only
   // feeds output columns that are never stored (each column of C is its own dot product).
@@ -475,20 +472,37 @@ struct MmaPipeAccumulator {
     const uint4* xp[kTiles];
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) xp[i] = xrow[i] + 4 * chunk;
+    float part[kTiles][4];
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) part[i][c] = 0.f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t d0[4], d1[4];  // rows quad, quad + 8
-      scaled_pairs<T>(word(wq[0], j), z[0], s2[0], d0);
-      scaled_pairs<T>(word(wq[1], j), z[1], s2[1], d1);
+      if constexpr (kScaleAfter) {
+        nibble_pairs<T>(word(wq[0], j), z[0], d0);
+        nibble_pairs<T>(word(wq[1], j), z[1], d1);
+      } else {
+        scaled_pairs<T>(word(wq[0], j), z[0], s2[0], d0);
+        scaled_pairs<T>(word(wq[1], j), z[1], s2[1], d1);
+      }
       const uint32_t a_even[4] = {d0[0], d1[0], d0[1], d1[1]};
       const uint32_t a_odd[4] = {d0[2], d1[2], d0[3], d1[3]};
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
         uint32_t b[4];
         x_fragments(W4_LDG(xp[i] + j), b);
-        mma16816<T>(acc[i], a_even, b[0], b[1]);
-        mma16816<T>(acc[i], a_odd, b[2], b[3]);
+        float(&c)[4] = kScaleAfter ? part[i] : acc[i];
+        mma16816<T>(c, a_even, b[0], b[1]);
+        mma16816<T>(c, a_odd, b[2], b[3]);
       }
+    }
+    if constexpr (kScaleAfter) {  // C entries 0, 1 are row quad, 2, 3 row quad + 8
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[i][c] += bits_to_float<T>(s2[c / 2]) * part[i][c];
     }
   }
 
@@ -627,14 +641,14 @@ struct SimtPipeAccumulator {
   __device__ __forceinline__ void deposit(float* red_rows, int quad, int t) { inner.deposit(red_rows, quad, t); }
 };
 
-template <typename T, int M_TILE, Engine E>
+template <typename T, int M_TILE, int G, Engine E>
 struct PipeEngine {
   using type = SimtPipeAccumulator<T, M_TILE>;
 };
 #if !W4_HIP
-template <typename T, int M_TILE>
-struct PipeEngine<T, M_TILE, Engine::kMma> {
-  using type = MmaPipeAccumulator<T, M_TILE>;
+template <typename T, int M_TILE, int G>
+struct PipeEngine<T, M_TILE, G, Engine::kMma> {
+  using type = MmaPipeAccumulator<T, M_TILE, G>;
 };
 #endif
 
@@ -697,7 +711,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
     }
   };
 
-  using Accum = typename detail::PipeEngine<T, M_TILE, E>::type;
+  using Accum = typename detail::PipeEngine<T, M_TILE, G, E>::type;
   Accum accum;
   accum.init(p.x, p.stride_xm, p.m, quad);
 
@@ -761,13 +775,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   // that is one group, so the weights go into the mma as exact q - z and each iteration's sums
   // are scaled once in fp32: one multiply per 16 weights instead of one per 2.
   constexpr bool kScaleAfter = G == 4 * kLaneK;
-  // bf16 goes further: the mma takes 128 + q (one lop3 per pair, no subtract) and the iteration
-  // subtracts (128 + z) sum(x), with sum(x) from one more mma pair per step whose A is all ones,
-  // shared by the lane's rows. The products are exact in fp32 and the sums lose about 5 of fp32's
-  // 24 bits to the 128 offset, far inside bf16's 8. fp16 would need 1024 + q and lose 8 bits, so
-  // it keeps the exact q - z. With zero points at M_PAD 2 and 4 the sums' registers spill at
-  // 128 registers a thread, so those keep q - z too.
-  constexpr bool kZeroAfter = kScaleAfter && std::is_same<T, bf16_t>::value && (SYM || M_PAD == 1);
   // Partial sums [split][block rows][8]: entry j = SEG m + s of a row is x row m at segment s.
   __shared__ float red[kWarps * kWarpRows * 8];
   W4_DYNAMIC_SHARED(uint4, xs);
@@ -863,9 +870,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
         s2[a] = sr[u][a] * 0x10001u;
         z[a] = SYM ? 8u : (zr[SYM ? 0 : u][M_PAD * a / 8] >> zshift[a]) & 0xFu;
       }
-      // With kScaleAfter the iteration's mma steps sum (q - z) x (or (128 + q) x) into `part`,
-      // scaled once; xsum: sum(x) of C column 2 t + c % 2 for kZeroAfter.
-      float part[R / 2][4], xsum[4] = {0.f, 0.f, 0.f, 0.f};
+      // With kScaleAfter the iteration's mma steps sum (q - z) x exactly into `part`, scaled once.
+      float part[R / 2][4];
 #pragma unroll
       for (int i = 0; i < R / 2; ++i)
 #pragma unroll
@@ -877,18 +883,10 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
                          : XS ? xs_lane[j * kc + xe]
                               : W4_LDG(xlane + (4 * xe + j));
         detail::x_fragments(xv, b);
-        if constexpr (kZeroAfter) {
-          constexpr uint32_t kOnes[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
-          detail::mma16816<T>(xsum, kOnes, b[0], b[1]);
-          detail::mma16816<T>(xsum, kOnes, b[2], b[3]);
-        }
 #pragma unroll
         for (int i = 0; i < R / 2; ++i) {
           uint32_t d0[4], d1[4];  // A rows q (set 2 i) and q + 8 (set 2 i + 1)
-          if constexpr (kZeroAfter) {
-            detail::offset_pairs_bf16(detail::word(wr[u][2 * i], j), d0);
-            detail::offset_pairs_bf16(detail::word(wr[u][2 * i + 1], j), d1);
-          } else if constexpr (kScaleAfter) {
+          if constexpr (kScaleAfter) {
             detail::nibble_pairs<T>(detail::word(wr[u][2 * i], j), z[2 * i], d0);
             detail::nibble_pairs<T>(detail::word(wr[u][2 * i + 1], j), z[2 * i + 1], d1);
           } else {
@@ -906,11 +904,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 #pragma unroll
         for (int i = 0; i < R / 2; ++i)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int a = 2 * i + c / 2;
-            const float sum = kZeroAfter ? part[i][c] - static_cast<float>(128u + z[a]) * xsum[c] : part[i][c];
-            acc[i][c] += bits_to_float<T>(sr[u][a]) * sum;
-          }
+          for (int c = 0; c < 4; ++c) acc[i][c] += bits_to_float<T>(sr[u][2 * i + c / 2]) * part[i][c];
       }
     }
   }
