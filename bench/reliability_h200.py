@@ -322,10 +322,10 @@ def run_large(plan: Plan, fns: dict[str, Kernel]) -> list[dict]:
 # (c) determinism and batch invariance
 
 
-def m_ranges(name: str, plan: Plan, symmetric: bool) -> list[tuple[int, int]]:
+def m_ranges(name: str, plan: Plan) -> list[tuple[int, int]]:
     """(first M, last M) of each range over which a kernel promises bit-identical rows."""
     if name.startswith("skinny"):
-        return skinny.same_rows_ranges(symmetric, "simt" if name == "skinny-simt" else "mma")
+        return skinny.same_rows_ranges("simt" if name == "skinny-simt" else "mma")
     out, lo = [], 1
     for top, _ in table_for(device_name(torch.device(plan.device))).buckets:
         hi = plan.m_cap if top is None else top
@@ -347,7 +347,7 @@ def determinism_checks(fn: Kernel, name: str, x: torch.Tensor, p: Packed, plan: 
         checks.append({"check": check, "m": m, "identical": same, "informational": informational,
                        **({} if same else {"detail": first_difference(got, want)})})
 
-    ranges = m_ranges(name, plan, p.zeros is None)
+    ranges = m_ranges(name, plan)
     for lo, hi in ranges:
         full = call(fn, x[:hi], p)
         for m in sorted({lo, (lo + hi) // 2, hi}):

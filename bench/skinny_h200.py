@@ -504,7 +504,7 @@ def variant_summary(timing: list[dict]) -> dict:
     for r in timing:
         if "us" in r and r.get("engine") == "mma" and not r.get("repeat"):
             by.setdefault(r["variant"], {})[(r["case"], r["m"])] = r
-            if r["variant"] == skinny.default_variant(r["m"], r["symmetric"]):
+            if r["variant"] == skinny.default_variant(r["m"]):
                 by.setdefault(skinny.DEFAULT_VARIANT, {})[(r["case"], r["m"])] = r
     out = {}
     for v, cells in sorted(by.items(), key=lambda item: (item[0] < 0, item[0])):
@@ -535,9 +535,9 @@ def variant_table(result: dict) -> str:
     keeps it)."""
     names = skinny.VARIANTS
     lines = ["", "== variants: " + "  ".join(f"v{v}={name}" for v, name in enumerate(names))
-             + f"; default (dflt): v{skinny.default_variant(1, False)} at M <= {skinny.SEG_MAX_M} with zero "
-             f"points, v{skinny.default_variant(1, True)} to M = {skinny.REGS_MAX_M}, "
-             f"v{skinny.default_variant(skinny.MAX_M, True)} above"]
+             + f"; default (dflt): v{skinny.default_variant(1)} at M <= {skinny.SEG_MAX_M}, "
+             f"v{skinny.default_variant(skinny.SEG_MAX_M + 1)} to M = {skinny.REGS_MAX_M}, "
+             f"v{skinny.default_variant(skinny.MAX_M)} above"]
     if "bandwidth" in result:
         lines.append(f"copy bandwidth {result['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s; build "
                      f"{result.get('build_seconds', 0):.0f}s; total {result.get('seconds', 0):.0f}s")
@@ -572,7 +572,7 @@ def variant_table(result: dict) -> str:
             first = cells.get((case, m, NOISE_VARIANT, "mma"))
             noise = f"{abs(rep[0]['us'] / first['us'] - 1) * 100:.1f}" if rep and first and "us" in first else "-"
             lines.append(f"{label:<20}{m:>3}{floor:7.1f} " + "".join(cell(r) for r in rs)
-                         + f"  {best:>4} {'v' + str(skinny.default_variant(m, case.endswith('-sym'))):>4} {noise:>5}")
+                         + f"  {best:>4} {'v' + str(skinny.default_variant(m)):>4} {noise:>5}")
     simt = range(len(names))
     lines.append("simt, M = 1: us/% of floor for " + " ".join(f"v{v}" for v in simt))
     for case in cases:

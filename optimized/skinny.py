@@ -27,32 +27,31 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # calls run regs_s4); "seg_xs": at split 1, seg_r4 reading x from a permuted copy in shared
 # memory, where the padded rows of x fit in SEG_XS_MAX_BYTES (seg_r4 otherwise).
 VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs")
-# variant=-1 (the default) picks per call in the kernel's host dispatch: seg_xs for asymmetric
-# weights at M <= SEG_MAX_M, regs_s4 for the rest up to REGS_MAX_M, base above
-# (csrc/skinny_core.cuh default_variant, from the H200 comparisons in bench/results/h200/).
-# default_variant(m, symmetric) mirrors it for reports.
+# variant=-1 (the default) picks per call in the kernel's host dispatch: seg_xs at
+# M <= SEG_MAX_M, regs_s4 up to REGS_MAX_M, base above (csrc/skinny_core.cuh default_variant,
+# from the H200 comparisons in bench/results/h200/). default_variant(m) mirrors it for reports.
 DEFAULT_VARIANT = -1
 REGS_MAX_M = 8
 SEG_MAX_M = 4
 SEG_XS_MAX_BYTES = 96 * 1024
 
 
-def default_variant(m: int, symmetric: bool) -> int:
+def default_variant(m: int) -> int:
     """The index into VARIANTS that variant=-1 runs at M = m (on the mma engine; the simt engine
     runs regs_s4 where this names seg_xs)."""
-    if m <= SEG_MAX_M and not symmetric:
+    if m <= SEG_MAX_M:
         return VARIANTS.index("seg_xs")
     return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("base")
 
 
-def same_rows_ranges(symmetric: bool, engine: str = "mma") -> list[tuple[int, int]]:
+def same_rows_ranges(engine: str = "mma") -> list[tuple[int, int]]:
     """(first M, last M) of each range of M over which the default policy keeps row i of the
     output bit-identical: the M that run one kernel with one split and one mma tile. The segmented
-    kernel's tile, K segments and split follow M rounded up to 1, 2 or 4, so with zero points on
-    the mma engine M = 1, 2 and 3..4 are ranges of their own (the H200 reliability run measured
-    rows of M = 1 and M = 4 differing from M = 8 before these ranges were split)."""
+    kernel's tile, K segments and split follow M rounded up to 1, 2 or 4, so on the mma engine
+    M = 1, 2 and 3..4 are ranges of their own (the H200 reliability run measured rows of M = 1 and
+    M = 4 differing from M = 8 before these ranges were split)."""
     def config(m: int) -> tuple[int, bool]:
-        seg = engine == "mma" and VARIANTS[default_variant(m, symmetric)].startswith("seg")
+        seg = engine == "mma" and VARIANTS[default_variant(m)].startswith("seg")
         return (1 if m <= 1 else 2 if m <= 2 else 4) if seg else 0, m <= REGS_MAX_M
     ranges: list[tuple[int, int]] = []
     for m in range(1, MAX_M + 1):
@@ -165,11 +164,11 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     M <= MAX_M; group_size in GROUP_SIZES, so K is a multiple of 32; x rows 16-byte aligned (a
     misaligned x is copied first). qweight may also be the same bytes as int8/uint8 [N, K/2].
     engine: "auto" (tensor cores where the device has them), "mma" or "simt" (the HIP path).
-    variant: an index into VARIANTS, for benchmarking; -1 (the default) picks by M and symmetry
+    variant: an index into VARIANTS, for benchmarking; -1 (the default) picks by M
     (default_variant).
     Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics). Row i is bit-identical
     for every M that runs the same kernel configuration (under the default, same_rows_ranges: M 1,
-    2, 3..4, 5..8 and 9..16 with zero points on the tensor cores, 1..8 and 9..16 otherwise);
+    2, 3..4, 5..8 and 9..16 on the tensor cores, 1..8 and 9..16 on the simt engine);
     across those ranges the summation order changes, and a row can differ in its last bits,
     within the error bound.
     Raises ContractError before any build or launch, SkinnyUnavailable when it cannot run here.

@@ -174,14 +174,13 @@ def skinny_run(binary, work, engine: str, dtype: torch.dtype, seed: int) -> tupl
 ENGINES = {"mma-fp16": ("mma", torch.float16), "simt-bf16": ("simt", torch.bfloat16)}
 # M ranges that run one configuration under the default policy (problem() makes asymmetric weights).
 RANGES = [pytest.param(engine, dtype, lo, hi, id=f"{name}-M{lo}-{hi}") for name, (engine, dtype) in ENGINES.items()
-          for lo, hi in skinny.same_rows_ranges(symmetric=False, engine=engine)]
+          for lo, hi in skinny.same_rows_ranges(engine=engine)]
 
 
 
 def test_same_rows_ranges_split_at_the_segmented_tile():
-    assert skinny.same_rows_ranges(symmetric=False) == [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16)]
-    assert skinny.same_rows_ranges(symmetric=True) == [(1, 8), (9, 16)]
-    assert skinny.same_rows_ranges(symmetric=False, engine="simt") == [(1, 8), (9, 16)]
+    assert skinny.same_rows_ranges() == [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16)]
+    assert skinny.same_rows_ranges(engine="simt") == [(1, 8), (9, 16)]
 
 
 @pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())

@@ -232,7 +232,7 @@ EMULATED = [
     # The default policy, each side of SEG_MAX_M and REGS_MAX_M, with and without zero points,
     # with choose_split's split at 132 SMs.
     ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.SEG_MAX_M, {}, "seg_xs"),
-    ("default", "mma", 264, 2048, 128, torch.float16, True, skinny.SEG_MAX_M, {}, "regs_s4"),
+    ("default", "mma", 264, 2048, 128, torch.float16, True, skinny.SEG_MAX_M, {}, "seg_xs"),
     ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.SEG_MAX_M + 1, {}, "regs_s4"),
     ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.REGS_MAX_M, {}, "regs_s4"),
     ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "base"),
@@ -297,14 +297,12 @@ def test_python_limits_match_the_kernel():
     assert int(re.search(r"kSegMaxM = (\d+);", core).group(1)) == skinny.SEG_MAX_M
     xs_kib = int(re.search(r"kSegXsMaxBytes = (\d+) \* 1024;", core).group(1))
     assert xs_kib * 1024 == skinny.SEG_XS_MAX_BYTES
-    assert re.search(r"return m <= kSegMaxM && !symmetric \? kVariantSegXs : m <= kRegsMaxM \? kVariantRegs : kVariantBase;",
+    assert re.search(r"return m <= kSegMaxM \? kVariantSegXs : m <= kRegsMaxM \? kVariantRegs : kVariantBase;",
                      core), "default_variant in skinny_core.cuh changed: update skinny.default_variant"
     v = skinny.VARIANTS.index
-    assert [skinny.default_variant(m, False) for m in range(1, skinny.MAX_M + 1)] == \
+    assert [skinny.default_variant(m) for m in range(1, skinny.MAX_M + 1)] == \
         [v("seg_xs")] * skinny.SEG_MAX_M + [v("regs_s4")] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + \
         [v("base")] * (skinny.MAX_M - skinny.REGS_MAX_M)
-    assert [skinny.default_variant(m, True) for m in range(1, skinny.MAX_M + 1)] == \
-        [v("regs_s4")] * skinny.REGS_MAX_M + [v("base")] * (skinny.MAX_M - skinny.REGS_MAX_M)
 
 
 def test_build_sources_are_the_variant_units():

@@ -116,7 +116,7 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
   p.group_size = static_cast<int>(group_size);
-  p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(variant), p.m, p.zeros == nullptr), p.m,
+  p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(variant), p.m), p.m,
                                  kind == w4::Engine::kMma);
   p.split = w4::choose_split(p.n, p.m, p.k, prop->multiProcessorCount, prop->warpSize, p.variant);
 

@@ -61,27 +61,28 @@ enum class Engine : int { kSimt = 0, kMma = 1 };
 // kVariantNames: base, regs_s4, seg_r4, seg_xs
 enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg = 2, kVariantSegXs = 3 };
 constexpr int kNumVariants = 4;
-constexpr int kAutoVariant = -1;  // default_variant(m, symmetric), per call
+constexpr int kAutoVariant = -1;  // default_variant(m), per call
 
-// The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) for asymmetric weights at
-// M <= kSegMaxM, regs_s4 for the rest up to M = kRegsMaxM, base above. On the H200 (mma engine,
+// The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) at M <= kSegMaxM, regs_s4
+// up to M = kRegsMaxM, base above. On the H200 (mma engine,
 // 5 decode shapes x fp16 sym / bf16 asym at M in {1, 2, 4, 5, 8, 9, 16};
 // bench/results/h200/skinny_variants_log.txt, v0/v1 = base under its
 // old and its present split policy, v2 = regs_s4), regs_s4 was the fastest of the three in 42 of
 // 50 cells at M <= 8, base in 13 of 20 at M = 9 and 16. Against seg_r4 at M = 1..4 on every
 // fixture shape (27 shapes; skinny_h200_seg_r4.md against skinny_h200_regs_default.md), regs_s4
 // took 1.074x seg_r4's time with zero points (geometric mean; 1.097x where the floor is >= 7 us;
-// faster in 20 of 108 cells) and 0.999x without (faster in 53 of 108), so symmetric weights keep
-// regs_s4.
+// faster in 20 of 108 cells) and 0.999x without (faster in 53 of 108), so symmetric weights kept
+// regs_s4 until both kernels scaled after the mma at G = 128: then seg_xs was faster than or within
+// 1% of regs_s4 in all 15 fp16 symmetric cells at M 1, 2, 4 (skinny_variants_s16.txt).
 constexpr int kRegsMaxM = 8;
 
-__host__ __device__ constexpr int default_variant(int m, bool symmetric) {
-  return m <= kSegMaxM && !symmetric ? kVariantSegXs : m <= kRegsMaxM ? kVariantRegs : kVariantBase;
+__host__ __device__ constexpr int default_variant(int m) {
+  return m <= kSegMaxM ? kVariantSegXs : m <= kRegsMaxM ? kVariantRegs : kVariantBase;
 }
 
 // The variant asked for: `variant` itself, or for kAutoVariant the default at m rows.
-__host__ __device__ constexpr int resolve_variant(int variant, int m, bool symmetric) {
-  return variant == kAutoVariant ? default_variant(m, symmetric) : variant;
+__host__ __device__ constexpr int resolve_variant(int variant, int m) {
+  return variant == kAutoVariant ? default_variant(m) : variant;
 }
 
 __host__ __device__ constexpr bool is_seg(int variant) { return variant == kVariantSeg || variant == kVariantSegXs; }

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   p.k = static_cast<int>(k);
   p.group_size = static_cast<int>(g);
   const w4::Engine engine = h[9] ? w4::Engine::kMma : w4::Engine::kSimt;
-  p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(h[8]), p.m, p.zeros == nullptr), p.m,
+  p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(h[8]), p.m), p.m,
                                  engine == w4::Engine::kMma);
   p.split = h[12] > 0 ? static_cast<int>(h[12])
                       : w4::choose_split(p.n, p.m, p.k, static_cast<int>(h[10]), 32, p.variant);
