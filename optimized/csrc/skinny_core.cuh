@@ -444,14 +444,28 @@ __device__ __forceinline__ void scaled_pairs(uint32_t w, uint32_t z, uint32_t s2
   for (int i = 0; i < 4; ++i) out[i] = fma2<T>(out[i], s2, kNegZero);
 }
 
+// An mma step's 16 k of a row are 4 nibbles from each of the quad's 4 chunks: kIterK k. Where
+// that is one group, the weights go into the mma as exact q - z and each step group's fp32 sums
+// are scaled once: one multiply per 16 weights instead of one per 2.
+__host__ __device__ constexpr bool scale_after_mma(int group_size) { return group_size == kIterK; }
+
+// A operand pairs of one word: exact q - z when the sums are scaled after the mma, else
+// (q - z) * s rounded to T.
+template <typename T, bool SCALE_AFTER>
+__device__ __forceinline__ void a_pairs(uint32_t w, uint32_t z, uint32_t s2, uint32_t (&out)[4]) {
+  if constexpr (SCALE_AFTER) {
+    nibble_pairs<T>(w, z, out);
+  } else {
+    scaled_pairs<T>(w, z, s2, out);
+  }
+}
+
 template <typename T, int M_TILE, int G>
 struct MmaPipeAccumulator {
   static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0, "mma tiles are 16 rows x 8 m on 32 lanes");
   static_assert(kLaneRows == 2, "a lane's rows quad and quad + 8 form one 16-row A tile");
   static constexpr int kTiles = M_TILE / 8;
-  // A chunk call's 128 k (the quad's 4 chunks) are one group at G = 128: the mma then takes exact
-  // q - z and the call's sums are scaled once in fp32, as in the segmented kernel.
-  static constexpr bool kScaleAfter = G == 4 * kLaneK;
+  static constexpr bool kScaleAfter = scale_after_mma(G);  // a chunk call is one step group
   float acc[kTiles][4];
   // This lane's x rows quad + 8 i in 16-byte units. A row past m reads row 0 instead: it only
   // feeds output columns that are never stored (each column of C is its own dot product).
@@ -481,13 +495,8 @@ struct MmaPipeAccumulator {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t d0[4], d1[4];  // rows quad, quad + 8
-      if constexpr (kScaleAfter) {
-        nibble_pairs<T>(word(wq[0], j), z[0], d0);
-        nibble_pairs<T>(word(wq[1], j), z[1], d1);
-      } else {
-        scaled_pairs<T>(word(wq[0], j), z[0], s2[0], d0);
-        scaled_pairs<T>(word(wq[1], j), z[1], s2[1], d1);
-      }
+      a_pairs<T, kScaleAfter>(word(wq[0], j), z[0], s2[0], d0);
+      a_pairs<T, kScaleAfter>(word(wq[1], j), z[1], s2[1], d1);
       const uint32_t a_even[4] = {d0[0], d1[0], d0[1], d1[1]};
       const uint32_t a_odd[4] = {d0[2], d1[2], d0[3], d1[3]};
 #pragma unroll
@@ -772,10 +781,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   constexpr int ZW = kWarpRows < 8 ? 1 : kWarpRows / 8;
   static_assert(W4_WARP_SIZE == 32 && R % 2 == 0 && 4 % M_PAD == 0, "16-row A tiles of two row sets on 32 lanes");
   static_assert(G % kLaneK == 0, "a lane's 32-k chunk lies in one group");
-  // An mma step's 16 k of a row come from the quad's 4 chunks, 128 k of one segment. At G = 128
-  // that is one group, so the weights go into the mma as exact q - z and each iteration's sums
-  // are scaled once in fp32: one multiply per 16 weights instead of one per 2.
-  constexpr bool kScaleAfter = G == 4 * kLaneK;
+  constexpr bool kScaleAfter = detail::scale_after_mma(G);  // an iteration is one step group
   // Partial sums [split][block rows][8]: entry j = SEG m + s of a row is x row m at segment s.
   __shared__ float red[kWarps * kWarpRows * 8];
   W4_DYNAMIC_SHARED(uint4, xs);
@@ -887,13 +893,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 #pragma unroll
         for (int i = 0; i < R / 2; ++i) {
           uint32_t d0[4], d1[4];  // A rows q (set 2 i) and q + 8 (set 2 i + 1)
-          if constexpr (kScaleAfter) {
-            detail::nibble_pairs<T>(detail::word(wr[u][2 * i], j), z[2 * i], d0);
-            detail::nibble_pairs<T>(detail::word(wr[u][2 * i + 1], j), z[2 * i + 1], d1);
-          } else {
-            detail::scaled_pairs<T>(detail::word(wr[u][2 * i], j), z[2 * i], s2[2 * i], d0);
-            detail::scaled_pairs<T>(detail::word(wr[u][2 * i + 1], j), z[2 * i + 1], s2[2 * i + 1], d1);
-          }
+          detail::a_pairs<T, kScaleAfter>(detail::word(wr[u][2 * i], j), z[2 * i], s2[2 * i], d0);
+          detail::a_pairs<T, kScaleAfter>(detail::word(wr[u][2 * i + 1], j), z[2 * i + 1], s2[2 * i + 1], d1);
           const uint32_t a_even[4] = {d0[0], d1[0], d0[1], d1[1]};
           const uint32_t a_odd[4] = {d0[2], d1[2], d0[3], d1[3]};
           float(&c)[4] = kScaleAfter ? part[i] : acc[i];
