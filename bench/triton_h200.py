@@ -518,10 +518,11 @@ VARIANT_CANDIDATES: dict[str, tuple[TileConfig, ...]] = {
         V(16, 128, 128, 32, 4, 4, path="dot_swap", dequant="half"),
         V(16, 64, 256, 16, 4, 4, path="dot_swap", dequant="half"),
     ),
-    # M = 17..256, the weakest range on the H200 (8-26% of the floor at M = 128, below gemlite).
-    # The table's 32, 64, 128 and 256 bucket configs first, then more programs per SM (narrower
-    # N-tiles, split-K) and deeper K-tiles, all on the swapped half-dequant path, which Triton 3.6
-    # compiles at every group size.
+    # M = 17..256, the weakest range on the H200 (8-26% of the floor at M = 128, below gemlite,
+    # in the first sweep). The 32 and 64 bucket configs and the 128 and 256 buckets' configs before
+    # that sweep first, then more programs per SM (narrower N-tiles, split-K) and deeper K-tiles
+    # (the seventh, 128x64x128 split 2, is the table's 65..256 bucket since), all on the swapped
+    # half-dequant path, which Triton 3.6 compiles at every group size.
     "mid": (
         V(32, 64, 128, 4, 4, 4, path="dot_swap", dequant="half"),
         V(64, 64, 128, 2, 4, 3, path="dot_swap", dequant="half"),

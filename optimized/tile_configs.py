@@ -107,18 +107,20 @@ T = TileConfig
 # (wgmma straight from registers), half-precision dequant and narrow N-tiles split over K (26%
 # at M = 4 and 16, against 23.6% for the 128-wide tile before). The > 256 bucket is the winner of
 # the earlier sweep (triton_variants.md): 256x128 tiles, swapped, half dequant (48% of the dense
-# rate, against 42%). The 17..256 buckets were not swept; they take the swapped, half-dequant
-# path too, because Triton 3.6 (the H200 image's) fails to compile the plain path ("Illegal
-# shared layout") for several of their tiles at G = 32 and for 64x128x32 tiles at any G, while
-# the swapped path compiles for every bucket and group size (tests/test_triton_kernel.py compiles
-# them with that Triton).
+# rate, against 42%). The 17..256 buckets are the winners of the mid sweep (triton_variants_mid.md,
+# four Llama shapes): at M = 32 and 64 the tiles that were already here (best or within 1%), at
+# M = 65..256 a 128x64 tile, 128 deep, split in two (35.7% of the floor at M = 128 and 39.7% at
+# 256, against 19% and 33.8% for the 64x128x64 and 128x128x64 tiles before). All take the
+# swapped, half-dequant path, because Triton 3.6 (the H200 image's) fails to compile the plain
+# path ("Illegal shared layout") for several of their tiles at G = 32 and for 64x128x32 tiles at
+# any G, while the swapped path compiles for every bucket and group size
+# (tests/test_triton_kernel.py compiles them with that Triton).
 HOPPER = TileTable("hopper", target_programs=4 * 132, buckets=(
     (1, T(1, 128, 128, split_k=8, num_warps=4, num_stages=1)),
     (16, T(16, 64, 128, split_k=32, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
     (32, T(32, 64, 128, split_k=4, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
     (64, T(64, 64, 128, split_k=2, num_warps=4, num_stages=3, path="dot_swap", dequant="half")),
-    (128, T(64, 128, 64, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
-    (256, T(128, 128, 64, num_warps=8, num_stages=3, path="dot_swap", dequant="half")),
+    (256, T(128, 64, 128, split_k=2, num_warps=4, num_stages=3, path="dot_swap", dequant="half")),
     (None, T(256, 128, 64, num_warps=8, num_stages=3, path="dot_swap", dequant="half")),
 ))
 
