@@ -22,44 +22,37 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # "base": each warp loads kUnroll iterations, waits, computes; "regs_s4": a register ring keeps
 # 3 iterations' loads in flight per lane while the warp computes one (it needs K % 128 == 0 and
 # N >= 8, else the base kernel runs; its simt engine exists for M = 1 only, other M run base);
-# "seg_r4": a register ring too, with 4 rows per lane and, at M <= 4, each warp's quads on
-# consecutive K segments, so a load reads up to 512 contiguous bytes of a row (mma engine at
-# M <= SEG_MAX_M; other calls run regs_s4); "seg_xs": at split 1, seg_r4 reading x from a
-# permuted copy in shared memory, where the padded rows of x fit in SEG_XS_MAX_BYTES (seg_r4
-# otherwise).
+# "seg_r4": a register ring too, with each warp's quads on consecutive K segments of 4 rows per
+# lane, so a load reads up to 512 contiguous bytes of a row (mma engine at M <= SEG_MAX_M; other
+# calls run regs_s4); "seg_xs": at split 1, seg_r4 reading x from a permuted copy in shared
+# memory, where the padded rows of x fit in SEG_XS_MAX_BYTES (seg_r4 otherwise).
 VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs")
 # variant=-1 (the default) picks per call in the kernel's host dispatch: seg_xs at
-# M <= SEG_DEFAULT_MAX_M, regs_s4 up to REGS_MAX_M, base above (csrc/skinny_core.cuh default_variant,
+# M <= SEG_MAX_M, regs_s4 up to REGS_MAX_M, base above (csrc/skinny_core.cuh default_variant,
 # from the H200 comparisons in bench/results/h200/). default_variant(m) mirrors it for reports.
 DEFAULT_VARIANT = -1
 REGS_MAX_M = 8
-SEG_MAX_M = 16
-SEG_DEFAULT_MAX_M = 4
+SEG_MAX_M = 4
 SEG_XS_MAX_BYTES = 96 * 1024
 
 
 def default_variant(m: int) -> int:
     """The index into VARIANTS that variant=-1 runs at M = m (on the mma engine; the simt engine
     runs regs_s4 where this names seg_xs)."""
-    if m <= SEG_DEFAULT_MAX_M:
+    if m <= SEG_MAX_M:
         return VARIANTS.index("seg_xs")
     return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("base")
-
-
-def seg_m_pad(m: int) -> int:
-    """Columns of x the segmented kernel's mma tiles hold at M = m (csrc/skinny_core.cuh seg_m_pad)."""
-    return 1 << (m - 1).bit_length()
 
 
 def same_rows_ranges(engine: str = "mma") -> list[tuple[int, int]]:
     """(first M, last M) of each range of M over which the default policy keeps row i of the
     output bit-identical: the M that run one kernel with one split and one mma tile. The segmented
-    kernel's tile, K segments and split follow M rounded up to a power of two (`seg_m_pad`), so on
-    the mma engine M = 1, 2 and 3..4 are ranges of their own (the H200 reliability run measured rows of M = 1 and
+    kernel's tile, K segments and split follow M rounded up to 1, 2 or 4, so on the mma engine
+    M = 1, 2 and 3..4 are ranges of their own (the H200 reliability run measured rows of M = 1 and
     M = 4 differing from M = 8 before these ranges were split)."""
     def config(m: int) -> tuple[int, bool]:
         seg = engine == "mma" and VARIANTS[default_variant(m)].startswith("seg")
-        return seg_m_pad(m) if seg else 0, m <= REGS_MAX_M
+        return (1 if m <= 1 else 2 if m <= 2 else 4) if seg else 0, m <= REGS_MAX_M
     ranges: list[tuple[int, int]] = []
     for m in range(1, MAX_M + 1):
         if ranges and config(m) == config(ranges[-1][0]):

@@ -190,8 +190,8 @@ def _v(name: str) -> int:
 
 
 def _settled(name: str, m: int, engine: str) -> str:
-    """The kernel that runs for `name` (the segmented kernels exist for the mma engine only)."""
-    return "regs_s4" if name.startswith("seg") and engine != "mma" else name
+    """The kernel that runs for `name` (the segmented kernels exist for the mma engine at M <= 4)."""
+    return "regs_s4" if name.startswith("seg") and (engine != "mma" or m > 4) else name
 
 
 # (variant or "default", engine, n, k, g, dtype, symmetric, m, emulate_call options, the variant
@@ -209,19 +209,15 @@ EMULATED = [
     ("regs_s4", "mma", 8, 4096, 128, torch.float16, False, 9, {}, "regs_s4"),  # N = 8: rows past n
     ("regs_s4", "mma", 200, 2048, 128, torch.bfloat16, True, 2, dict(num_sms=1, row_pad=24), "regs_s4"),
     ("regs_s4", "mma", 264, 2048, 128, torch.float16, False, 3, dict(scale_offset=1), "regs_s4"),
-    # The segmented kernels at every M_PAD (1, 2, 4, 8, 16): rows past n, K not a multiple of an
-    # iteration (the tail chunks read zeros), warps left without an iteration at split 4, G = 32
-    # and 64, rows of x past M in a B tile.
+    # The segmented kernels at every M_PAD (1, 2, 4): rows past n, K not a multiple of an iteration (the
+    # tail chunks read zeros), warps left without an iteration at split 4, G = 32 and 64.
     ("seg_r4", "mma", 8, 4096, 128, torch.bfloat16, False, 4, {}, "seg_r4"),
     ("seg_r4", "mma", 200, 2048, 128, torch.float16, True, 3, dict(num_sms=1, row_pad=24), "seg_r4"),
     ("seg_r4", "mma", 264, 2016, 32, torch.float16, False, 2, dict(num_sms=4), "seg_r4"),
     ("seg_r4", "mma", 264, 2048, 64, torch.bfloat16, False, 4, dict(num_sms=4, scale_offset=1), "seg_r4"),
     ("seg_r4", "mma", 64, 2048, 128, torch.bfloat16, True, 1, dict(split=4), "seg_r4"),
     ("seg_r4", "mma", 24, 1056, 32, torch.float16, False, 1, {}, "seg_r4"),
-    ("seg_r4", "mma", 264, 2048, 128, torch.float16, False, 5, {}, "seg_r4"),
-    ("seg_r4", "mma", 8, 4096, 128, torch.bfloat16, True, 8, dict(split=2), "seg_r4"),
-    ("seg_r4", "mma", 200, 2016, 32, torch.float16, False, 11, dict(num_sms=1, row_pad=24), "seg_r4"),
-    ("seg_r4", "mma", 264, 8192, 128, torch.bfloat16, False, 16, dict(split=4, scale_offset=1), "seg_r4"),
+    ("seg_r4", "mma", 264, 2048, 128, torch.float16, False, 5, {}, "regs_s4"),  # M > 4: regs_s4 runs
     # seg_xs copies x to shared memory at split 1 only: the same boundaries through the copy, the
     # ring wrapping at M = 1, and a K whose copy at M_PAD = 4 is over SEG_XS_MAX_BYTES (seg_r4 runs).
     ("seg_xs", "mma", 264, 8192, 128, torch.bfloat16, False, 1, dict(split=1), "seg_xs"),
@@ -231,21 +227,13 @@ EMULATED = [
     ("seg_xs", "mma", 264, 2048, 64, torch.bfloat16, False, 4, dict(split=1, scale_offset=1), "seg_xs"),
     ("seg_xs", "mma", 24, 1056, 32, torch.float16, False, 1, dict(split=1), "seg_xs"),
     ("seg_xs", "mma", 8, skinny.SEG_XS_MAX_BYTES // 8 + 128, 128, torch.float16, False, 3, dict(split=1), "seg_xs"),
-    # M_PAD 8 and 16: rows of the copy padded (K / 32 even) or not (odd), copies over the limit
-    # (twice SEG_XS_MAX_BYTES there: one block an SM).
-    ("seg_xs", "mma", 264, 2048, 128, torch.bfloat16, False, 7, dict(split=1), "seg_xs"),
-    ("seg_xs", "mma", 200, 2016, 32, torch.float16, True, 8, dict(split=1, row_pad=24), "seg_xs"),
-    ("seg_xs", "mma", 264, 2048, 64, torch.float16, False, 16, dict(split=1, scale_offset=1), "seg_xs"),
-    ("seg_xs", "mma", 24, 3040, 32, torch.bfloat16, False, 13, dict(split=1), "seg_xs"),
-    ("seg_xs", "mma", 8, 6144, 128, torch.float16, False, 9, dict(split=1), "seg_xs"),
-    ("seg_xs", "mma", 8, 12320, 32, torch.bfloat16, True, 6, dict(split=1), "seg_xs"),
     # K tail: the base kernel runs (the dispatch still reports regs_s4, the variant it settled on).
     ("regs_s4", "mma", 264, 4032, 64, torch.bfloat16, False, 16, {}, "regs_s4"),
-    # The default policy, each side of SEG_DEFAULT_MAX_M and REGS_MAX_M, with and without zero
-    # points, with choose_split's split at 132 SMs.
-    ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.SEG_DEFAULT_MAX_M, {}, "seg_xs"),
-    ("default", "mma", 264, 2048, 128, torch.float16, True, skinny.SEG_DEFAULT_MAX_M, {}, "seg_xs"),
-    ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.SEG_DEFAULT_MAX_M + 1, {}, "regs_s4"),
+    # The default policy, each side of SEG_MAX_M and REGS_MAX_M, with and without zero points,
+    # with choose_split's split at 132 SMs.
+    ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.SEG_MAX_M, {}, "seg_xs"),
+    ("default", "mma", 264, 2048, 128, torch.float16, True, skinny.SEG_MAX_M, {}, "seg_xs"),
+    ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.SEG_MAX_M + 1, {}, "regs_s4"),
     ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.REGS_MAX_M, {}, "regs_s4"),
     ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "base"),
     ("default", "simt", 264, 2048, 128, torch.float16, True, 1, {}, "regs_s4"),
@@ -306,15 +294,14 @@ def test_python_limits_match_the_kernel():
     assert tuple(names) == skinny.VARIANTS
     enum = re.search(r"enum Variant : int \{ (.*) \};", core).group(1)
     assert [int(v) for v in re.findall(r"kVariant\w+ = (\d+)", enum)] == list(range(len(skinny.VARIANTS)))
-    assert int(re.search(r"kSegMaxM = (\d+);", core).group(1)) == skinny.SEG_MAX_M == skinny.MAX_M
-    assert int(re.search(r"kSegDefaultMaxM = (\d+);", core).group(1)) == skinny.SEG_DEFAULT_MAX_M
+    assert int(re.search(r"kSegMaxM = (\d+);", core).group(1)) == skinny.SEG_MAX_M
     xs_kib = int(re.search(r"kSegXsMaxBytes = (\d+) \* 1024;", core).group(1))
     assert xs_kib * 1024 == skinny.SEG_XS_MAX_BYTES
-    assert re.search(r"return m <= kSegDefaultMaxM \? kVariantSegXs : m <= kRegsMaxM \? kVariantRegs : kVariantBase;",
+    assert re.search(r"return m <= kSegMaxM \? kVariantSegXs : m <= kRegsMaxM \? kVariantRegs : kVariantBase;",
                      core), "default_variant in skinny_core.cuh changed: update skinny.default_variant"
     v = skinny.VARIANTS.index
     assert [skinny.default_variant(m) for m in range(1, skinny.MAX_M + 1)] == \
-        [v("seg_xs")] * skinny.SEG_DEFAULT_MAX_M + [v("regs_s4")] * (skinny.REGS_MAX_M - skinny.SEG_DEFAULT_MAX_M) + \
+        [v("seg_xs")] * skinny.SEG_MAX_M + [v("regs_s4")] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + \
         [v("base")] * (skinny.MAX_M - skinny.REGS_MAX_M)
 
 

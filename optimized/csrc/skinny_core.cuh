@@ -48,8 +48,9 @@ constexpr int kLaneRows = 2;        // rows per lane, in both kernels
 // pairs whatever the warp size: rows per block = kTileRows / split.
 constexpr int kTileRows = kBlockThreads / 4 * kLaneRows;
 constexpr int kMinBlocks = 2;   // both kernels' launch bounds: blocks resident per SM
-// The segmented kernel's largest M, and its rows per lane (row sets).
-constexpr int kSegMaxM = 16;
+// The segmented kernel's largest M (at M_PAD = 8 a segment is the pipelined kernel's 64 bytes,
+// so it would only repeat regs_s4), and its rows per lane.
+constexpr int kSegMaxM = 4;
 constexpr int kSegRowSets = 4;
 constexpr int kPipeStages = 4;  // the pipelined kernel's ring entries per lane
 
@@ -62,8 +63,8 @@ enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg = 2, kVaria
 constexpr int kNumVariants = 4;
 constexpr int kAutoVariant = -1;  // default_variant(m), per call
 
-// The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) at M <= kSegDefaultMaxM,
-// regs_s4 up to M = kRegsMaxM, base above. On the H200 (mma engine,
+// The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) at M <= kSegMaxM, regs_s4
+// up to M = kRegsMaxM, base above. On the H200 (mma engine,
 // 5 decode shapes x fp16 sym / bf16 asym at M in {1, 2, 4, 5, 8, 9, 16};
 // bench/results/h200/skinny_variants_log.txt, v0/v1 = base under its
 // old and its present split policy, v2 = regs_s4), regs_s4 was the fastest of the three in 42 of
@@ -73,11 +74,10 @@ constexpr int kAutoVariant = -1;  // default_variant(m), per call
 // faster in 20 of 108 cells) and 0.999x without (faster in 53 of 108), so symmetric weights kept
 // regs_s4 until both kernels scaled after the mma at G = 128: then seg_xs was faster than or within
 // 1% of regs_s4 in all 15 fp16 symmetric cells at M 1, 2, 4 (skinny_variants_s16.txt).
-constexpr int kSegDefaultMaxM = 4;
 constexpr int kRegsMaxM = 8;
 
 __host__ __device__ constexpr int default_variant(int m) {
-  return m <= kSegDefaultMaxM ? kVariantSegXs : m <= kRegsMaxM ? kVariantRegs : kVariantBase;
+  return m <= kSegMaxM ? kVariantSegXs : m <= kRegsMaxM ? kVariantRegs : kVariantBase;
 }
 
 // The variant asked for: `variant` itself, or for kAutoVariant the default at m rows.
@@ -93,35 +93,18 @@ __host__ __device__ constexpr int settle_variant(int variant, int m, bool mma) {
   return is_seg(variant) && (!mma || m > kSegMaxM) ? kVariantRegs : variant;
 }
 
-// Columns of x the segmented kernel's mma tiles hold: M rounded up to a power of two.
-__host__ __device__ constexpr int seg_m_pad(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : 16; }
-// Blocks of the segmented kernel resident per SM (its launch bounds). From M_PAD = 8 its tiles
-// need more than the 128 registers a thread has at 2 blocks (they spilled up to 228 bytes), so
-// a block has the SM's registers to itself.
-__host__ __device__ constexpr int seg_min_blocks(int m_pad) { return m_pad >= 8 ? 1 : kMinBlocks; }
-// K segments a warp's quads split an iteration into (1 from M_PAD = 8: every quad on the same k),
-// and the weight rows of one row set (the quads' distinct rows).
-__host__ __device__ constexpr int seg_segments(int m_pad) { return m_pad >= 8 ? 1 : 8 / m_pad; }
-__host__ __device__ constexpr int seg_set_rows(int m_pad) { return 8 / seg_segments(m_pad); }
+// Columns of x the segmented kernel's mma tile holds: M rounded up to a power of two.
+__host__ __device__ constexpr int seg_m_pad(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : 4; }
 
-// seg_xs's shared copy of x: M_PAD rows of K 16-bit values (and at M_PAD >= 8 up to 64 bytes of
-// padding a row, seg_x_row_pad), at most kSegXsMaxBytes so that kMinBlocks blocks still share an
-// SM (the H200 has 228 KiB per SM). Every block copies all of it, 4 / (rows per block) of the
-// bytes of its weights at M_PAD <= 4 (1/8 at split 1). Against seg_r4 on the H200
-// (skinny_variants_xs.md, M <= 4 on 5 large shapes): 6-9% faster in the 4 cells at split 1, -3%
-// to +3% at split 2, up to 15% and 33% slower at split 4 and 8. 0: the call runs seg_r4.
-// A block alone on its SM (seg_min_blocks) may take kMinBlocks times as much.
+// seg_xs's shared copy of x: M_PAD rows of K 16-bit values, at most kSegXsMaxBytes so that
+// kMinBlocks blocks still share an SM (the H200 has 228 KiB per SM). Every block copies all of
+// it, 4 / (rows per block) of the bytes of its weights (1/8 at split 1). Against seg_r4 on the
+// H200 (skinny_variants_xs.md, M <= 4 on 5 large shapes): 6-9% faster in the 4 cells at split 1,
+// -3% to +3% at split 2, up to 15% and 33% slower at split 4 and 8. 0: the call runs seg_r4.
 constexpr int kSegXsMaxBytes = 96 * 1024;
 __host__ __device__ constexpr int seg_x_shared_bytes(int m, int k, int split) {
-  return split == 1 && static_cast<long long>(seg_m_pad(m)) * (2 * k + 64) * seg_min_blocks(seg_m_pad(m)) <=
-                           static_cast<long long>(kSegXsMaxBytes) * kMinBlocks
-             ? seg_m_pad(m) * (2 * k + 64)
-             : 0;
+  return split == 1 && static_cast<long long>(seg_m_pad(m)) * 2 * k <= kSegXsMaxBytes ? seg_m_pad(m) * 2 * k : 0;
 }
-// At M_PAD >= 8 a warp's x load of one piece j reads 64 bytes from each of 8 rows. Rows whose
-// starts differ by a multiple of 128 bytes would share 16 of the 32 banks: 8 wavefronts instead
-// of 4. With kc (16-byte chunks per row) even, each row of the copy is shifted by 4 pieces more.
-__host__ __device__ constexpr int seg_x_row_pad(int m_pad, int kc) { return m_pad >= 8 && kc % 2 == 0 ? 4 : 0; }
 
 // One call's arguments, in the layout of optimized/contract.py (T = half_t or bf16_t):
 //   x        T [m, k], row stride stride_xm elements, unit stride along k; 16-byte aligned rows.
@@ -769,50 +752,38 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
 #if !W4_HIP
 // ---------------------------------------------------------------------------------------------
 // The segmented kernel (seg_r4; mma engine, M <= kSegMaxM). The mma's 16 A rows need not
-// be 16 weight rows. With M_PAD columns of x in use (M rounded up to 1, 2, 4, 8 or 16) and
-// SEG = 8 / M_PAD segments (1 from M_PAD = 8), quad q of a warp holds weight row q / SEG of each
-// row set at k segment s = q % SEG (4 chunks, 128 k) of the iteration's SEG segments, and
-// column q of B tile b (NT = M_PAD / 8 tiles of 8 columns, at least 1) holds x row 8 b + q / SEG
-// at the lane's own k. C entry (row q, column j) is then the dot product over segment s of that
-// weight row with x row 8 b + j / SEG: a partial sum wanted when j % SEG == s, discarded
-// otherwise. So at M_PAD <= 4 a load instruction covers M_PAD rows x SEG * 64 contiguous bytes
-// (at M = 1, 512 bytes of one row), with the same mma count per weight as the pipelined kernel;
-// at M_PAD >= 8 each x fragment serves the 32 weight rows of 4 row sets, twice the pipelined
-// kernel's 16, which halves the x traffic per weight that bounds the other kernels at M > 8.
-// Lane 4 q + t, row set a < R = kSegRowSets (sets 2 i and 2 i + 1 are rows q and q + 8 of A
-// tile i), MS = 8 / SEG rows per set:
-//   row   = warp_row0 + MS a + q / SEG (a row past n reads row n - 1 and is never stored);
+// be 16 weight rows. With M_PAD columns of x in use (M rounded up to 1, 2 or 4) and
+// SEG = 8 / M_PAD, quad q of a warp holds weight row q / SEG of each row set at k segment
+// s = q % SEG (4 chunks, 128 k) of the iteration's SEG segments, and B column q holds x row
+// q / SEG at the lane's own k. C entry (row q, column j) is then the dot product over segment s
+// of that weight row with x row j / SEG: a partial sum wanted when j % SEG == s, discarded
+// otherwise. So a load instruction covers M_PAD rows x SEG * 64 contiguous bytes (at M = 1, 512
+// bytes of one row), with the same mma count per weight as the pipelined kernel.
+// Lane 4 q + t, row set a < R = kSegRowSets (sets 2 i and 2 i + 1 are rows q and q + 8 of A tile i):
+//   row   = warp_row0 + M_PAD a + q / SEG (a row past n reads row n - 1 and is never stored);
 //   chunk = 4 (SEG it + s) + t in iteration it = w_k + e * split (e < count); a chunk past k
 //           reads zeros (weights, scale and x), so it adds exactly 0 and any k % 32 == 0 works.
 // The ring holds 3 entries of R chunks per lane (2 iterations, 128 bytes a lane, in flight: more
 // than regs_s4's 96, in 128 registers). A warp's rows start at a multiple of kWarpRows, so its
-// sets share ZW zero-point words: set a's row is in 8-row block (MS a) / 8 of the warp's.
+// sets share ZW zero-point words: set a's row is in 8-row block (M_PAD a) / 8 of the warp's.
 //
 // XS (seg_xs): a lane's x for word j of its chunk is 16 bytes at 64-byte stride from its
 // neighbours', so a warp's global load of them touches 16 cache lines for 512 bytes, four times
 // the lines of its weight loads. XS first copies x[:M_PAD] to shared memory (dynamic,
-// seg_x_shared_bytes), piece j of chunk c of row r at xs[(4 r + j) kc + r pad + c] (pad:
-// seg_x_row_pad): the lanes' loads of one j are then runs of consecutive 16-byte pieces (512
-// bytes of one to four rows, or 64 bytes of each of 8 rows at M_PAD >= 8), 4 wavefronts per 512
-// bytes, no bank conflicts.
+// seg_x_shared_bytes), piece j of chunk c of row r at xs[(4 r + j) kc + c]: the lanes' loads of
+// one j are then consecutive 16-byte pieces, 4 wavefronts per 512 bytes, no bank conflicts.
 template <typename T, int M_PAD, int G, bool SYM, bool XS>
-__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, seg_min_blocks(M_PAD)) skinny_seg_kernel(const SkinnyParams p) {
-  constexpr int R = kSegRowSets, SEG = seg_segments(M_PAD), MS = seg_set_rows(M_PAD);
-  // Ring entries: with one block an SM (seg_min_blocks), one more iteration in flight per warp.
-  constexpr int S = seg_min_blocks(M_PAD) == 1 ? 4 : 3;
-  constexpr int NT = M_PAD > 8 ? M_PAD / 8 : 1;  // B tiles
-  constexpr int ROW = 8 * NT;                    // partial sums per row
+__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(const SkinnyParams p) {
+  constexpr int R = kSegRowSets, SEG = 8 / M_PAD, S = 3;
   constexpr int kIterChunks = 4 * SEG;
   constexpr int kWarps = kBlockThreads / 32;
-  constexpr int kWarpRows = R * MS;
+  constexpr int kWarpRows = R * M_PAD;
   constexpr int ZW = kWarpRows < 8 ? 1 : kWarpRows / 8;
-  static_assert(W4_WARP_SIZE == 32 && R % 2 == 0 && (4 % M_PAD == 0 || M_PAD % 8 == 0),
-                "16-row A tiles of two row sets on 32 lanes");
+  static_assert(W4_WARP_SIZE == 32 && R % 2 == 0 && 4 % M_PAD == 0, "16-row A tiles of two row sets on 32 lanes");
   static_assert(G % kLaneK == 0, "a lane's 32-k chunk lies in one group");
   constexpr bool kScaleAfter = detail::scale_after_mma(G);  // an iteration is one step group
-  // Partial sums [split][block rows][ROW]: entry 8 b + j of a row is x row 8 b + j / SEG at
-  // segment j % SEG.
-  __shared__ float red[kWarps * kWarpRows * ROW];
+  // Partial sums [split][block rows][8]: entry j = SEG m + s of a row is x row m at segment s.
+  __shared__ float red[kWarps * kWarpRows * 8];
   W4_DYNAMIC_SHARED(uint4, xs);
 
   const uint4* __restrict__ qw = reinterpret_cast<const uint4*>(p.qweight);
@@ -833,12 +804,10 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, seg_min_blocks(M_PAD)) skinny_se
   int rows[R], zshift[R], zrows[ZW];
 #pragma unroll
   for (int a = 0; a < R; ++a) {
-    const int r = warp_row0 + MS * a + pr;
+    const int r = warp_row0 + M_PAD * a + pr;
     rows[a] = min(r, p.n - 1);
-    // With 8 rows a set, every set's row is pr mod 8 (warp_row0 is a multiple of kWarpRows = 32):
-    // one shift for all, which the compiler cannot see from r.
-    zshift[a] = 4 * ((MS % 8 == 0 ? pr : r) & 7);
-    if (MS * a % 8 == 0) zrows[MS * a / 8] = rows[a] >> 3;
+    zshift[a] = 4 * (r & 7);
+    if (M_PAD * a % 8 == 0) zrows[M_PAD * a / 8] = rows[a] >> 3;
   }
   // The lane's chunk in iteration e is chunk0 + e * step, its group group0 + e * step / (G / 32)
   // (step is a multiple of G / 32). The offsets of iteration 0 are kept unsigned, so that each
@@ -854,18 +823,11 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, seg_min_blocks(M_PAD)) skinny_se
   for (int a = 0; a < R; ++a) woff[a] = rows[a] * kc + chunk0;
 #pragma unroll
   for (int w = 0; w < ZW; ++w) zoff[w] = zrows[w] * groups + group0;
-  // x row 8 b + pr of B tile b in 16-byte units at the lane's first chunk; a row past m reads
-  // row 0 and feeds only discarded columns.
-  const int xpad = seg_x_row_pad(M_PAD, kc);
-  const uint4* xlane[NT];
-  const uint4* xs_lane[NT];
-#pragma unroll
-  for (int b = 0; b < NT; ++b) {
-    const int xr = 8 * b + pr;
-    xlane[b] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + (xr < p.m ? xr : 0) * p.stride_xm) +
-               4 * chunk0;
-    xs_lane[b] = xs + (4 * kc + xpad) * xr + chunk0;
-  }
+  // x row pr in 16-byte units at the lane's first chunk; a row past m reads row 0 and feeds only
+  // discarded columns.
+  const uint4* xlane = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + (pr < p.m ? pr : 0) * p.stride_xm) +
+                       4 * chunk0;
+  const uint4* xs_lane = xs + 4 * pr * kc + chunk0;
 
   uint4 wr[S][R];
   uint32_t sr[S][R], zr[SYM ? 1 : S][ZW];
@@ -885,13 +847,11 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, seg_min_blocks(M_PAD)) skinny_se
     }
   };
 
-  float acc[R / 2][NT][4];
+  float acc[R / 2][4];
 #pragma unroll
   for (int i = 0; i < R / 2; ++i)
 #pragma unroll
-    for (int b = 0; b < NT; ++b)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][b][c] = 0.f;
+    for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
 
 #pragma unroll
   for (int f = 0; f < S - 1; ++f) issue(f, f);
@@ -899,7 +859,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, seg_min_blocks(M_PAD)) skinny_se
     for (int i = threadIdx.x; i < M_PAD * 4 * kc; i += kBlockThreads) {
       const int r = i / (4 * kc), piece = i - r * 4 * kc;
       const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + r * p.stride_xm) + piece;
-      xs[(4 * kc + xpad) * r + piece % 4 * kc + piece / 4] = r < p.m ? W4_LDG(src) : make_uint4(0u, 0u, 0u, 0u);
+      xs[(4 * r + piece % 4) * kc + piece / 4] = r < p.m ? W4_LDG(src) : make_uint4(0u, 0u, 0u, 0u);
     }
     __syncthreads();
   }
@@ -915,26 +875,21 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, seg_min_blocks(M_PAD)) skinny_se
 #pragma unroll
       for (int a = 0; a < R; ++a) {
         s2[a] = sr[u][a] * 0x10001u;
-        z[a] = SYM ? 8u : (zr[SYM ? 0 : u][MS * a / 8] >> zshift[a]) & 0xFu;
+        z[a] = SYM ? 8u : (zr[SYM ? 0 : u][M_PAD * a / 8] >> zshift[a]) & 0xFu;
       }
       // With kScaleAfter the iteration's mma steps sum (q - z) x exactly into `part`, scaled once.
-      float part[R / 2][NT][4];
+      float part[R / 2][4];
 #pragma unroll
       for (int i = 0; i < R / 2; ++i)
 #pragma unroll
-        for (int b = 0; b < NT; ++b)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) part[i][b][c] = 0.f;
+        for (int c = 0; c < 4; ++c) part[i][c] = 0.f;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        uint32_t bf[NT][4];
-#pragma unroll
-        for (int b = 0; b < NT; ++b) {
-          const uint4 xv = !ok ? make_uint4(0u, 0u, 0u, 0u)
-                           : XS ? xs_lane[b][j * kc + xe]
-                                : W4_LDG(xlane[b] + (4 * xe + j));
-          detail::x_fragments(xv, bf[b]);
-        }
+        uint32_t b[4];
+        const uint4 xv = !ok ? make_uint4(0u, 0u, 0u, 0u)
+                         : XS ? xs_lane[j * kc + xe]
+                              : W4_LDG(xlane + (4 * xe + j));
+        detail::x_fragments(xv, b);
 #pragma unroll
         for (int i = 0; i < R / 2; ++i) {
           uint32_t d0[4], d1[4];  // A rows q (set 2 i) and q + 8 (set 2 i + 1)
@@ -942,39 +897,32 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, seg_min_blocks(M_PAD)) skinny_se
           detail::a_pairs<T, kScaleAfter>(detail::word(wr[u][2 * i + 1], j), z[2 * i + 1], s2[2 * i + 1], d1);
           const uint32_t a_even[4] = {d0[0], d1[0], d0[1], d1[1]};
           const uint32_t a_odd[4] = {d0[2], d1[2], d0[3], d1[3]};
-#pragma unroll
-          for (int b = 0; b < NT; ++b) {
-            float(&c)[4] = kScaleAfter ? part[i][b] : acc[i][b];
-            detail::mma16816<T>(c, a_even, bf[b][0], bf[b][1]);
-            detail::mma16816<T>(c, a_odd, bf[b][2], bf[b][3]);
-          }
+          float(&c)[4] = kScaleAfter ? part[i] : acc[i];
+          detail::mma16816<T>(c, a_even, b[0], b[1]);
+          detail::mma16816<T>(c, a_odd, b[2], b[3]);
         }
       }
       if constexpr (kScaleAfter) {
 #pragma unroll
         for (int i = 0; i < R / 2; ++i)
 #pragma unroll
-          for (int b = 0; b < NT; ++b)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[i][b][c] += bits_to_float<T>(sr[u][2 * i + c / 2]) * part[i][b][c];
+          for (int c = 0; c < 4; ++c) acc[i][c] += bits_to_float<T>(sr[u][2 * i + c / 2]) * part[i][c];
       }
     }
   }
 
-  // C entry c of tile (i, b): A row q (c < 2) or q + 8, column j = 2 t + c % 2. Each kept entry
-  // has exactly one lane, and every entry of every row of the slice is written.
-  float* slice = red + (w_k * block_rows + w_n * kWarpRows) * ROW;
+  // C entry c of tile i: A row q (c < 2) or q + 8, column j = 2 t + c % 2. Each kept entry has
+  // exactly one lane, and every entry of every row of the slice is written.
+  float* slice = red + (w_k * block_rows + w_n * kWarpRows) * 8;
 #pragma unroll
   for (int i = 0; i < R / 2; ++i)
 #pragma unroll
-    for (int b = 0; b < NT; ++b)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int j = 2 * t + c % 2;
-        if (j % SEG == seg) slice[(MS * (2 * i + c / 2) + pr) * ROW + 8 * b + j] = acc[i][b][c];
-      }
+    for (int c = 0; c < 4; ++c) {
+      const int j = 2 * t + c % 2;
+      if (j % SEG == seg) slice[(M_PAD * (2 * i + c / 2) + pr) * 8 + j] = acc[i][c];
+    }
   __syncthreads();
-  detail::store_outputs<T, ROW, SEG>(p, red, block_rows);
+  detail::store_outputs<T, 8, SEG>(p, red, block_rows);
 }
 #endif  // !W4_HIP
 
@@ -994,34 +942,30 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, seg_min_blocks(M_PAD)) skinny_se
 // among those that leave every warp an iteration of K. Their blocks are
 // equal, so they run in waves of num_sms * kMinBlocks (its occupancy); counting time in
 // block-times of a busy SM, a full wave takes kMinBlocks and a last partial wave takes its most
-// loaded SM's block count, at least kMinBlocks (an SM with one block is assumed to run at half
-// speed, as a block's loads in flight cover about half an SM's share of the bandwidth); for the
-// segmented kernel from M_PAD = 8, one block an SM (seg_min_blocks) instead of kMinBlocks.
-// Efficiency = ideal / modelled time; a larger split must beat a smaller one by 2% (larger
-// blocks share x better).
+// loaded SM's block count, at least 2 (an SM with one block is assumed to run at half speed, as a
+// block's loads in flight cover about half an SM's share of the bandwidth). Efficiency = ideal /
+// modelled time; a larger split must beat a smaller one by 2% (larger blocks share x better).
 //
 // variant: the kernel that runs (settle_variant's result).
 
 // Rows a block covers at split 1.
 inline int tile_rows(int variant, int m) {
-  return is_seg(variant) ? kBlockThreads / 32 * kSegRowSets * seg_set_rows(seg_m_pad(m)) : kTileRows;
+  return is_seg(variant) ? kBlockThreads / 32 * kSegRowSets * seg_m_pad(m) : kTileRows;
 }
 
 inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int variant) {
   const int warps = kBlockThreads / warp_size;
   const int rows = tile_rows(variant, m);
   if (variant != kVariantBase) {
-    const int iter_k = is_seg(variant) ? seg_segments(seg_m_pad(m)) * kIterK : kIterK;
+    const int iter_k = is_seg(variant) ? 8 / seg_m_pad(m) * kIterK : kIterK;
     const int iters = (k + iter_k - 1) / iter_k;
-    const int resident = is_seg(variant) ? seg_min_blocks(seg_m_pad(m)) : kMinBlocks;
-    const int slots = num_sms * resident;
+    const int slots = num_sms * kMinBlocks;
     double best = -1.0;
     int best_split = 1;
     for (int split = 1; split <= warps && split <= iters; split *= 2) {
       const int blocks = (n + rows / split - 1) / (rows / split);
       const int tail = (blocks % slots + num_sms - 1) / num_sms;
-      const double time =
-          static_cast<double>(blocks / slots) * resident + (tail == 0 ? 0 : tail < resident ? resident : tail);
+      const double time = static_cast<double>(blocks / slots) * kMinBlocks + (tail == 0 ? 0 : tail < 2 ? 2 : tail);
       const double efficiency = static_cast<double>(blocks) / num_sms / time;
       if (efficiency > best + 0.02) {
         best = efficiency;
@@ -1077,7 +1021,7 @@ void launch_seg_kernel(const SkinnyParams& p, int blocks, int shared_bytes, stre
 
 template <typename T, int M_PAD, int G, bool SYM>
 void launch_seg_tile(const SkinnyParams& p, stream_t stream) {
-  const int block_rows = kBlockThreads / 32 / p.split * kSegRowSets * seg_set_rows(M_PAD);
+  const int block_rows = kBlockThreads / 32 / p.split * kSegRowSets * M_PAD;
   const int blocks = (p.n + block_rows - 1) / block_rows;
   const int shared_bytes = p.variant == kVariantSegXs ? seg_x_shared_bytes(p.m, p.k, p.split) : 0;
   if (shared_bytes > 0) return launch_seg_kernel<T, M_PAD, G, SYM, true>(p, blocks, shared_bytes, stream);
@@ -1089,9 +1033,7 @@ void launch_seg(const SkinnyParams& p, stream_t stream) {
   switch (seg_m_pad(p.m)) {
     case 1: return launch_seg_tile<T, 1, G, SYM>(p, stream);
     case 2: return launch_seg_tile<T, 2, G, SYM>(p, stream);
-    case 4: return launch_seg_tile<T, 4, G, SYM>(p, stream);
-    case 8: return launch_seg_tile<T, 8, G, SYM>(p, stream);
-    default: return launch_seg_tile<T, 16, G, SYM>(p, stream);
+    default: return launch_seg_tile<T, 4, G, SYM>(p, stream);
   }
 }
 #endif
