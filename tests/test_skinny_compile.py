@@ -227,12 +227,6 @@ EMULATED = [
     ("seg_xs", "mma", 264, 2048, 64, torch.bfloat16, False, 4, dict(split=1, scale_offset=1), "seg_xs"),
     ("seg_xs", "mma", 24, 1056, 32, torch.float16, False, 1, dict(split=1), "seg_xs"),
     ("seg_xs", "mma", 8, skinny.SEG_XS_MAX_BYTES // 8 + 128, 128, torch.float16, False, 3, dict(split=1), "seg_xs"),
-    # The base kernel's x staging at M_TILE = 16 (split <= 4): passes past K for some warps
-    # (K = 1056 at split 4), a K tail, rows past n and m, a strided x, G = 32.
-    ("base", "mma", 264, 4032, 64, torch.bfloat16, False, 16, dict(split=2), "base"),
-    ("base", "mma", 200, 2048, 128, torch.float16, True, 13, dict(split=1, row_pad=24), "base"),
-    ("base", "mma", 264, 8192, 32, torch.float16, False, 9, dict(split=4, scale_offset=1), "base"),
-    ("base", "mma", 8, 1056, 32, torch.bfloat16, False, 16, dict(split=4), "base"),
     # K tail: the base kernel runs (the dispatch still reports regs_s4, the variant it settled on).
     ("regs_s4", "mma", 264, 4032, 64, torch.bfloat16, False, 16, {}, "regs_s4"),
     # The default policy, each side of SEG_MAX_M and REGS_MAX_M, with and without zero points,

@@ -381,28 +381,6 @@ struct Accumulator<T, M_TILE, Engine::kMma> {
     }
   }
 
-  // `chunk` with x from the block's staged window (skinny_kernel's XST): xs_row0 is this lane's
-  // piece of word 0 in x row `quad`, x rows are `row_stride` pieces apart and words 4 pieces.
-  __device__ __forceinline__ void chunk_staged(const uint4 (&wq)[2], const uint32_t (&s)[2], const uint32_t (&z)[2],
-                                               const uint4* xs_row0, int row_stride) {
-    const uint32_t s2[2] = {splat(s[0]), splat(s[1])};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t d0[4], d1[4];  // rows quad, quad + 8
-      dequant_pairs<T>(word(wq[0], j), z[0], s2[0], d0);
-      dequant_pairs<T>(word(wq[1], j), z[1], s2[1], d1);
-      const uint32_t a_even[4] = {d0[0], d1[0], d0[1], d1[1]};
-      const uint32_t a_odd[4] = {d0[2], d1[2], d0[3], d1[3]};
-#pragma unroll
-      for (int i = 0; i < kTiles; ++i) {
-        uint32_t b[4];
-        x_fragments(xs_row0[8 * i * row_stride + 4 * j], b);
-        mma16816<T>(acc[i], a_even, b[0], b[1]);
-        mma16816<T>(acc[i], a_odd, b[2], b[3]);
-      }
-    }
-  }
-
   __device__ __forceinline__ void deposit(float* red_rows, int quad, int t) {
 #pragma unroll
     for (int i = 0; i < kTiles; ++i)
@@ -573,22 +551,8 @@ __device__ __forceinline__ void store_outputs(const SkinnyParams& p, const float
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
-// The base kernel (kVariantBase). A pass of the block covers kUnroll * split consecutive
-// iterations (each warp kUnroll of them, interleaved with its K-split partners).
-//
-// XST (mma engine, M_TILE = 16, split <= kStageMaxSplit): each lane's x load of a word is 16
-// bytes at 64-byte stride from its quad neighbours', over 8 rows, so a warp's load touches 16
-// cache lines for 512 bytes and at M = 16 the L1 is the bound (ncu: L1/TEX 92% busy, DRAM 27%;
-// bench/results/h200/ncu_pipes_s17.txt). With XST the block first copies the pass's x window
-// (16 rows x kUnroll * split * 128 k) to shared memory with coalesced loads, piece
-// 16 i + 4 t + j (iteration i of the pass, lane t's chunk, word j) of row r at
-// xs[r * stride + 16 i + 4 j + t]: a warp's load of one word is then 64 contiguous bytes of each
-// of 8 rows, rows 64 bytes off a 128-byte boundary from each other (stride: 16 pieces an
-// iteration plus 4), 4 wavefronts per 512 bytes.
-constexpr int kStageMaxSplit = 4;
-__host__ __device__ constexpr int stage_row_pieces(int unroll, int split) { return unroll * split * 16 + 4; }
-
-template <typename T, int M_TILE, int G, bool SYM, Engine E, bool XST = false>
+// The base kernel (kVariantBase).
+template <typename T, int M_TILE, int G, bool SYM, Engine E>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const SkinnyParams p) {
   constexpr int kWarp = W4_WARP_SIZE;
   constexpr int kQuads = kWarp / 4;
@@ -596,7 +560,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const 
   static_assert(G % kLaneK == 0, "a lane's 32-k chunk lies in one group");
   // Partial sums of every (K-slice, row) pair of the block: [split][rows][M_TILE].
   __shared__ float red[kTileRows * M_TILE];
-  W4_DYNAMIC_SHARED(uint4, xs);
 
   const T* __restrict__ x = static_cast<const T*>(p.x);
   const unsigned short* __restrict__ scales = static_cast<const unsigned short*>(p.scales);
@@ -619,15 +582,9 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const 
 
   using Accum = detail::Accumulator<T, M_TILE, E>;
   constexpr int kUnroll = Accum::kUnroll;
-  static_assert(!XST || (E == Engine::kMma && M_TILE == 16), "x is staged for the mma engine at M_TILE = 16");
-  const int pass_iters = kUnroll * p.split;
-  const int stride = stage_row_pieces(kUnroll, p.split);
   Accum accum;
   accum.init();
-  // The pass loop is the same for every warp of the block (XST meets at barriers in it); a warp
-  // whose iterations of a pass lie past K loads zeros and computes nothing.
-  for (int pass = 0; pass < iters; pass += pass_iters) {
-    const int first = pass + w_k;
+  for (int first = w_k; first < iters; first += kUnroll * p.split) {
     // All loads of kUnroll iterations first, scales and zero points included: those come from
     // HBM too, and waiting for them one iteration at a time would serialize the latency.
     uint4 wq[kUnroll][2];
@@ -645,18 +602,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const 
         zw[u][a] = !SYM && valid ? W4_LDG(p.zeros + static_cast<int64_t>(row[a] >> 3) * groups + group) : 0u;
       }
     }
-    if constexpr (XST) {  // while the weights are in flight; rows past m and k past K are zeros
-      __syncthreads();     // every warp is done with the previous window
-      const int pieces = pass_iters * 16;
-      for (int i = threadIdx.x; i < M_TILE * pieces; i += kBlockThreads) {
-        const int r = i / pieces, c = i - r * pieces;
-        const int k = pass * kIterK + 8 * c;
-        xs[r * stride + (c & ~15) + (c & 3) * 4 + (c >> 2 & 3)] =
-            r < p.m && k < p.k ? W4_LDG(reinterpret_cast<const uint4*>(x + r * p.stride_xm + k))
-                               : make_uint4(0u, 0u, 0u, 0u);
-      }
-      __syncthreads();
-    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int it = first + u * p.split;
@@ -665,11 +610,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const 
       uint32_t z[2];
 #pragma unroll
       for (int a = 0; a < 2; ++a) z[a] = SYM ? 8u : (zw[u][a] >> (4 * (row[a] & 7))) & 0xFu;
-      if constexpr (XST) {
-        accum.chunk_staged(wq[u], s[u], z, xs + quad * stride + (w_k + u * p.split) * 16 + t, stride);
-      } else {
-        accum.chunk(wq[u], s[u], z, x, p.stride_xm, p.m, quad, k0, k0 < p.k);
-      }
+      accum.chunk(wq[u], s[u], z, x, p.stride_xm, p.m, quad, k0, k0 < p.k);
     }
   }
 
@@ -1048,35 +989,16 @@ template <typename T, int M_TILE, int G, bool SYM, Engine E, int V>
 void launch_tile(const SkinnyParams& p, stream_t stream) {
   const int block_rows = kTileRows / p.split;
   const int blocks = (p.n + block_rows - 1) / block_rows;
-  // The base kernel stages x in shared memory at M_TILE = 16 on the mma engine (XST).
-  constexpr bool kStageX = V != kVariantRegs && E == Engine::kMma && M_TILE == 16;
-  const bool staged = kStageX && p.split <= kStageMaxSplit;
-  const int shared_bytes = staged ? M_TILE * stage_row_pieces(Accumulator<T, M_TILE, E>::kUnroll, p.split) * 16 : 0;
 #if W4_EMU
   (void)stream;
   if constexpr (V == kVariantRegs) {
     ::w4emu::launch(skinny_pipe_kernel<T, M_TILE, G, SYM, E>, blocks, kBlockThreads, p);
-  } else if constexpr (kStageX) {
-    if (staged) {
-      ::w4emu::launch(skinny_kernel<T, M_TILE, G, SYM, E, true>, blocks, kBlockThreads, p, shared_bytes);
-    } else {
-      ::w4emu::launch(skinny_kernel<T, M_TILE, G, SYM, E>, blocks, kBlockThreads, p);
-    }
   } else {
     ::w4emu::launch(skinny_kernel<T, M_TILE, G, SYM, E>, blocks, kBlockThreads, p);
   }
 #else
   if constexpr (V == kVariantRegs) {
     skinny_pipe_kernel<T, M_TILE, G, SYM, E><<<blocks, kBlockThreads, 0, stream>>>(p);
-  } else if constexpr (kStageX) {
-    if (staged) {
-      const auto kernel = skinny_kernel<T, M_TILE, G, SYM, E, true>;
-      // Above 48 KiB of dynamic shared memory a kernel must opt in (per device, so on every launch).
-      if (shared_bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
-      kernel<<<blocks, kBlockThreads, shared_bytes, stream>>>(p);
-    } else {
-      skinny_kernel<T, M_TILE, G, SYM, E><<<blocks, kBlockThreads, 0, stream>>>(p);
-    }
   } else {
     skinny_kernel<T, M_TILE, G, SYM, E><<<blocks, kBlockThreads, 0, stream>>>(p);
   }
