@@ -849,7 +849,8 @@ def variant_check_main(spec: str, dry: bool) -> int:
 
 def run_sanitize(seed: int) -> int:
     """Each path once per dtype and symmetry, for compute-sanitizer: N = 8, K = G, a K with an odd
-    number of groups, N not a multiple of any tile, strided x; GEMV, split-K and prefill tiles."""
+    number of groups, N not a multiple of any tile, strided x; GEMV, split-K and prefill tiles (M up
+    to 257: the Hopper table's 65..256 and > 256 buckets too)."""
     shapes = [(8, 4096, 128), (4096, 128, 128), (200, 320, 64), (1024, 9856, 128), (72, 200, -1)]
     errors = 0
     gen = torch.Generator().manual_seed(seed)
@@ -857,7 +858,7 @@ def run_sanitize(seed: int) -> int:
         w = random_quantized(n, k, g, symmetric, dtype, generator=gen).to(DEVICE)
         kernel = kernel_fn(w, dtype)
         bias = (0.5 * torch.randn(n, generator=gen)).to(dtype).to(DEVICE)
-        for m in (1, 7, 16, 33):
+        for m in (1, 7, 16, 33, 129, 257):  # a row past a tile in each bucket kind
             x = torch.randn(m, k + 64, generator=gen).to(dtype).to(DEVICE)[:, 32:32 + k]
             try:
                 v = judge(kernel(x, bias), reference_matmul(x, w, bias), dequant_dtype=dtype)
