@@ -858,7 +858,7 @@ def run_sanitize(seed: int) -> int:
         w = random_quantized(n, k, g, symmetric, dtype, generator=gen).to(DEVICE)
         kernel = kernel_fn(w, dtype)
         bias = (0.5 * torch.randn(n, generator=gen)).to(dtype).to(DEVICE)
-        for m in (1, 7, 16, 33, 129, 257):  # a row past a tile in each bucket kind
+        for m in (1, 7, 16, 33, 129, 257):  # 129 and 257: one row past a 128- and a 256-row tile
             x = torch.randn(m, k + 64, generator=gen).to(dtype).to(DEVICE)[:, 32:32 + k]
             try:
                 v = judge(kernel(x, bias), reference_matmul(x, w, bias), dequant_dtype=dtype)
