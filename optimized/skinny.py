@@ -34,6 +34,12 @@ DEFAULT_VARIANT = -1
 REGS_MAX_M = 8
 SEG_MAX_M = 4
 SEG_XS_MAX_BYTES = 96 * 1024
+# How a call overlaps the kernel before it on the stream (csrc/skinny_core.cuh Overlap, same order;
+# programmatic dependent launch, CUDA sm_90+, plain launches elsewhere): "none"; "launch" (the
+# default: the kernel's blocks may start while the previous kernel drains and wait for it before
+# touching memory; always safe); "weights" (they also load their first weights, scales and zero
+# points before that wait: only for weights the previous kernel on the stream does not write).
+OVERLAPS = ("none", "launch", "weights")
 
 
 def default_variant(m: int) -> int:
@@ -69,12 +75,13 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 torch.library.define(
     OP,
     "(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, int group_size, Tensor? bias=None, "
-    "str engine='auto', int variant=-1) -> Tensor",
+    "str engine='auto', int variant=-1, str overlap='launch') -> Tensor",
 )
 
 
 @torch.library.register_fake(OP)
-def _skinny_matmul_fake(x, qweight, scales, zeros, group_size, bias=None, engine="auto", variant=-1):
+def _skinny_matmul_fake(x, qweight, scales, zeros, group_size, bias=None, engine="auto", variant=-1,
+                        overlap="launch"):
     torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
     m, k = x.shape
     torch._check(1 <= m, lambda: "x must have at least one row")
@@ -157,7 +164,7 @@ def is_available() -> tuple[bool, str]:
 
 def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                   group_size: int, bias: torch.Tensor | None = None, *, engine: str = "auto",
-                  variant: int = -1) -> torch.Tensor:
+                  variant: int = -1, overlap: str = "launch") -> torch.Tensor:
     """y = x @ W^T + bias for decode batches (M <= MAX_M), W[n, k] = (q - z) * s per group.
 
     Arguments follow optimized/contract.py (dtypes, shapes, packing), with these limits:
@@ -166,6 +173,9 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     engine: "auto" (tensor cores where the device has them), "mma" or "simt" (the HIP path).
     variant: an index into VARIANTS, for benchmarking; -1 (the default) picks by M
     (default_variant).
+    overlap: one of OVERLAPS. "weights" reads qweight, scales and zeros before the previous
+    kernel on the stream has finished: pass it only when no kernel just before this call writes
+    them (weights prepared once; a host synchronize after writing them is enough).
     Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics). Row i is bit-identical
     for every M that runs the same kernel configuration (under the default, same_rows_ranges: M 1,
     2, 3..4, 5..8 and 9..16 on the tensor cores, 1..8 and 9..16 on the simt engine);
@@ -183,9 +193,11 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
         raise ContractError(f"engine must be one of {ENGINES}, got {engine!r}")
     if not isinstance(variant, int) or not -1 <= variant < len(VARIANTS):
         raise ContractError(f"variant must be -1 (the default) or in [0, {len(VARIANTS)}), got {variant!r}")
+    if overlap not in OVERLAPS:
+        raise ContractError(f"overlap must be one of {OVERLAPS}, got {overlap!r}")
     if x.device.type != "cuda":
         raise SkinnyUnavailable(f"skinny_matmul runs on CUDA/ROCm devices, got x on {x.device}")
     if x.data_ptr() % ROW_ALIGN_BYTES or (problem.m > 1 and x.stride(0) * x.element_size() % ROW_ALIGN_BYTES):
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation is aligned
     build()
-    return torch.ops.w4a16.skinny_matmul(x, qweight, scales, zeros, group_size, bias, engine, variant)
+    return torch.ops.w4a16.skinny_matmul(x, qweight, scales, zeros, group_size, bias, engine, variant, overlap)

@@ -90,6 +90,23 @@ using stream_t = cudaStream_t;
 
 static_assert(sizeof(half_t) == 2 && sizeof(bf16_t) == 2, "16-bit activation types");
 
+// Programmatic dependent launch (CUDA sm_90+; a no-op elsewhere and when the launch did not ask
+// for it). pdl_trigger lets the next kernel on the stream launch once every block of this one has
+// called it or exited, so its blocks take SM slots as this kernel's last blocks drain; pdl_wait
+// blocks until the previous kernel has completed and its writes are visible. Reads of anything the
+// previous kernel may have written, and every write, must come after pdl_wait.
+__device__ __forceinline__ void pdl_trigger() {
+#if !W4_HIP && !W4_EMU && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if !W4_HIP && !W4_EMU && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
 #if W4_HIP
   return __shfl_xor(v, lane_mask);

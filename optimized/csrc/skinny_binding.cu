@@ -24,7 +24,8 @@ bool rows_aligned(const void* ptr, int64_t row_stride, int64_t rows, int64_t ele
 
 at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                               const std::optional<at::Tensor>& zeros, int64_t group_size,
-                              const std::optional<at::Tensor>& bias, c10::string_view engine, int64_t variant) {
+                              const std::optional<at::Tensor>& bias, c10::string_view engine, int64_t variant,
+                              c10::string_view overlap) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16),
               "skinny_matmul: x must be float16 or bfloat16 [M, K], got ", x.scalar_type(), " ", x.sizes());
   const int64_t m = x.size(0), k = x.size(1);
@@ -87,6 +88,15 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   TORCH_CHECK(variant >= w4::kAutoVariant && variant < w4::kNumVariants,
               "skinny_matmul: variant must be -1 (the default) or in [0, ", w4::kNumVariants, "), got ", variant);
 
+  // The Overlap names, in enum order (optimized/skinny.py OVERLAPS).
+  static constexpr const char* kOverlapNames[w4::kNumOverlaps] = {"none", "launch", "weights"};
+  int overlap_mode = -1;
+  for (int i = 0; i < w4::kNumOverlaps; ++i) {
+    if (overlap == kOverlapNames[i]) overlap_mode = i;
+  }
+  TORCH_CHECK(overlap_mode >= 0, "skinny_matmul: overlap must be 'none', 'launch' or 'weights', got '",
+              std::string(overlap), "'");
+
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   w4::Engine kind = w4::Engine::kSimt;
@@ -119,6 +129,12 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(variant), p.m), p.m,
                                  kind == w4::Engine::kMma);
   p.split = w4::choose_split(p.n, p.m, p.k, prop->multiProcessorCount, prop->warpSize, p.variant);
+  // Programmatic dependent launch exists on CUDA sm_90+ only.
+#if W4_HIP
+  p.overlap = w4::kOverlapNone;
+#else
+  p.overlap = prop->major >= 9 ? overlap_mode : w4::kOverlapNone;
+#endif
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (x.scalar_type() == at::kHalf) {

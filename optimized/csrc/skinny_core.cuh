@@ -63,6 +63,19 @@ enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg = 2, kVaria
 constexpr int kNumVariants = 4;
 constexpr int kAutoVariant = -1;  // default_variant(m), per call
 
+// How a call overlaps the kernel before it on the stream (programmatic dependent launch, CUDA
+// sm_90+; the host settles anything else to kOverlapNone). optimized/skinny.py OVERLAPS lists the
+// names in the same order:
+//  * kOverlapNone: a plain launch; the kernel starts when the previous one has finished.
+//  * kOverlapLaunch: the kernel may launch while the previous one drains, and waits for it
+//    (pdl_wait) before its first memory access: always safe.
+//  * kOverlapWeights: as kOverlapLaunch, but the first ring entries of weights, scales and zero
+//    points are loaded before the wait, so HBM stays busy through the previous kernel's tail.
+//    Only for weights the previous kernel does not write (prepared once, then read-only).
+// Every kernel calls pdl_trigger first, so that the next call may overlap this one in turn.
+enum Overlap : int { kOverlapNone = 0, kOverlapLaunch = 1, kOverlapWeights = 2 };
+constexpr int kNumOverlaps = 3;
+
 // The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) at M <= kSegMaxM, regs_s4
 // up to M = kRegsMaxM, base above. On the H200 (mma engine,
 // 5 decode shapes x fp16 sym / bf16 asym at M in {1, 2, 4, 5, 8, 9, 16};
@@ -126,6 +139,7 @@ struct SkinnyParams {
   int group_size;  // 32, 64 or 128
   int split;       // warps of a block sharing each row, splitting K: 1, 2, 4 (or 8 on wave32)
   int variant;     // a Variant (resolve_variant)
+  int overlap;     // an Overlap
 };
 
 namespace detail {
@@ -570,6 +584,9 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const 
   const int warp_row0 = blockIdx.x * block_rows + w_n * kWarpRows;
   const int groups = p.k / G;
   const int iters = (p.k + kIterK - 1) / kIterK;
+  // Its loads of weights and x come in the same batches, so nothing is read before the wait.
+  pdl_trigger();
+  pdl_wait();
 
   // Rows past n read row n - 1 (valid memory) and are never stored.
   int row[2];
@@ -725,8 +742,11 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
   Accum accum;
   accum.init(p.x, p.stride_xm, p.m, quad);
 
+  pdl_trigger();
+  if (p.overlap != kOverlapWeights) pdl_wait();
 #pragma unroll
   for (int f = 0; f < S - 1; ++f) issue(f, f);
+  if (p.overlap == kOverlapWeights) pdl_wait();
   for (int e0 = 0; e0 < count; e0 += S) {
 #pragma unroll
     for (int u = 0; u < S; ++u) {
@@ -853,8 +873,11 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
 
+  pdl_trigger();
+  if (p.overlap != kOverlapWeights) pdl_wait();
 #pragma unroll
   for (int f = 0; f < S - 1; ++f) issue(f, f);
+  if (p.overlap == kOverlapWeights) pdl_wait();
   if constexpr (XS) {  // after the first weight loads are in flight; rows past m are zeros
     for (int i = threadIdx.x; i < M_PAD * 4 * kc; i += kBlockThreads) {
       const int r = i / (4 * kc), piece = i - r * 4 * kc;
@@ -985,38 +1008,54 @@ namespace detail {
 template <typename T, Engine E, int V>
 void launch_variant(const SkinnyParams& p, stream_t stream);
 
+// One launch of `kernel` over `blocks` blocks, with the programmatic-dependent-launch attribute
+// unless p.overlap is kOverlapNone (the host settles it to none where the device lacks it).
+template <typename Kernel>
+void launch_kernel(Kernel kernel, int blocks, int shared_bytes, const SkinnyParams& p, stream_t stream) {
+#if W4_EMU
+  (void)stream;
+  ::w4emu::launch(kernel, blocks, kBlockThreads, p, shared_bytes);
+#elif W4_HIP
+  kernel<<<blocks, kBlockThreads, shared_bytes, stream>>>(p);
+#else
+  if (p.overlap == kOverlapNone) {
+    kernel<<<blocks, kBlockThreads, shared_bytes, stream>>>(p);
+    return;
+  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kBlockThreads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, p);  // an error stays for the caller's launch check
+#endif
+}
+
 template <typename T, int M_TILE, int G, bool SYM, Engine E, int V>
 void launch_tile(const SkinnyParams& p, stream_t stream) {
   const int block_rows = kTileRows / p.split;
   const int blocks = (p.n + block_rows - 1) / block_rows;
-#if W4_EMU
-  (void)stream;
   if constexpr (V == kVariantRegs) {
-    ::w4emu::launch(skinny_pipe_kernel<T, M_TILE, G, SYM, E>, blocks, kBlockThreads, p);
+    launch_kernel(skinny_pipe_kernel<T, M_TILE, G, SYM, E>, blocks, 0, p, stream);
   } else {
-    ::w4emu::launch(skinny_kernel<T, M_TILE, G, SYM, E>, blocks, kBlockThreads, p);
+    launch_kernel(skinny_kernel<T, M_TILE, G, SYM, E>, blocks, 0, p, stream);
   }
-#else
-  if constexpr (V == kVariantRegs) {
-    skinny_pipe_kernel<T, M_TILE, G, SYM, E><<<blocks, kBlockThreads, 0, stream>>>(p);
-  } else {
-    skinny_kernel<T, M_TILE, G, SYM, E><<<blocks, kBlockThreads, 0, stream>>>(p);
-  }
-#endif
 }
 
 #if !W4_HIP
 template <typename T, int M_PAD, int G, bool SYM, bool XS>
 void launch_seg_kernel(const SkinnyParams& p, int blocks, int shared_bytes, stream_t stream) {
   const auto kernel = skinny_seg_kernel<T, M_PAD, G, SYM, XS>;
-#if W4_EMU
-  (void)stream;
-  ::w4emu::launch(kernel, blocks, kBlockThreads, p, shared_bytes);
-#else
+#if !W4_EMU
   // Above 48 KiB of dynamic shared memory a kernel must opt in (per device, so on every launch).
   if (shared_bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
-  kernel<<<blocks, kBlockThreads, shared_bytes, stream>>>(p);
 #endif
+  launch_kernel(kernel, blocks, shared_bytes, p, stream);
 }
 
 template <typename T, int M_PAD, int G, bool SYM>
