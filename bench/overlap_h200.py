@@ -1,19 +1,20 @@
-"""Programmatic dependent launch on the H200: what each overlap mode gains, and that it stays correct.
+"""Programmatic dependent launch of the skinny kernel on the H200: what each overlap mode gains, and
+that it stays correct.
 
     python bench/overlap_h200.py --out DIR          # chain check, then timing (< ~5 min with the build)
     python bench/overlap_h200.py --dry-run --out DIR   # CPU: the case lists and the report
 
-Both kernels take `overlap` (optimized.skinny.OVERLAPS, optimized.triton_w4a16.OVERLAPS): "none",
-"launch" (a call's blocks may start while the previous kernel drains, and wait for it before
-touching memory) and "weights" (they also load their first weights before that wait).
+The kernel takes `overlap` (optimized.skinny.OVERLAPS): "none" (a plain launch) or "weights" (a
+call's blocks may start while the previous kernel drains; they load their first weights, scales and
+zero points, then wait for it before reading x or writing y).
 
 Chain check: a CUDA graph of CHAIN_CALLS calls in which each call's x is the previous call's output
 (square K = N weights, so the data dependency is real) must give bit-identical results to the
 same chain run eagerly with overlap "none": a call that read x before its predecessor had written
-it would differ. Every mode of both kernels, M 1, 4 and 16.
+it would differ. Every mode, M 1, 4 and 16.
 
 Timing: DESIGN.md section 5 (cold weight copies over 600 MiB, a graph of back-to-back calls, per
-call = replay / calls, median of replays), each mode of both kernels on the Llama 3.1-8B and
+call = replay / calls, median of replays), each mode on the Llama 3.1-8B and
 3.3-70B shapes, bf16 asym at G = 128, M in TIMING_M, the modes interleaved per cell. Writes
 DIR/overlap_h200.json and DIR/overlap_h200.md.
 """
@@ -38,7 +39,7 @@ from optimized import skinny  # noqa: E402
 from oracle.shapes import MODEL_SHAPES  # noqa: E402
 
 GROUP = 128
-TIMING_M = (1, 4, 16)
+TIMING_M = (1, 2, 4, 8, 16)
 CHAIN_M = (1, 4, 16)
 CHAIN_CALLS = 24
 CHAIN_SHAPE = 4096  # K = N, Llama 3.1-8B's o projection
@@ -53,13 +54,10 @@ def log(msg: str) -> None:
 
 
 def kernels() -> dict:
-    """name -> fn(x, qweight, scales, zeros, overlap) for both kernels."""
-    from optimized.triton_w4a16 import w4a16_matmul
-
-    return {
-        "skinny": lambda x, q, s, z, overlap: skinny.skinny_matmul(x, q, s, z, GROUP, overlap=overlap),
-        "triton": lambda x, q, s, z, overlap: w4a16_matmul(x, q, s, z, GROUP, overlap=overlap),
-    }
+    """name -> fn(x, qweight, scales, zeros, overlap). (The Triton kernel took the same modes through
+    `launch_pdl` in commit 63f80c5, whose run bench/results/h200/overlap_h200_63f80c5.md records: no gain on
+    average, and register spills in some GEMV tiles, so it was taken out.)"""
+    return {"skinny": lambda x, q, s, z, overlap: skinny.skinny_matmul(x, q, s, z, GROUP, overlap=overlap)}
 
 
 def timing_shapes() -> list[tuple[str, int, int]]:
@@ -67,7 +65,7 @@ def timing_shapes() -> list[tuple[str, int, int]]:
 
 
 def run_chain(device: str) -> list[dict]:
-    """Each kernel and mode: a graph chain against the eager chain without overlap, bit for bit."""
+    """Each mode: a graph chain against the eager chain without overlap, bit for bit."""
     rows = []
     gen = torch.Generator(device=device).manual_seed(7)
     k = CHAIN_SHAPE
@@ -161,19 +159,21 @@ def markdown(result: dict) -> str:
     for r in result.get("timing", []):
         if "us" in r:
             cells.setdefault((r["shape"], r["m"], r["kernel"]), {})[r["overlap"]] = r
-    lines += ["| shape | M | kernel | floor us | none | launch | weights | launch speedup | weights speedup |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for (shape, m, kernel), modes in cells.items():
+    modes = [o for o in skinny.OVERLAPS if o != "none"]
+    lines += ["| shape | M | kernel | floor us | " + " | ".join(skinny.OVERLAPS) + " | "
+              + " | ".join(f"{o} speedup" for o in modes) + " |",
+              "|---" * (4 + len(skinny.OVERLAPS) + len(modes)) + "|"]
+    for (shape, m, kernel), by_mode in cells.items():
         def cell(o: str) -> str:
-            return f"{modes[o]['us']:.2f} ({modes[o]['pct_floor']:.0f}%)" if o in modes else "-"
+            return f"{by_mode[o]['us']:.2f} ({by_mode[o]['pct_floor']:.0f}%)" if o in by_mode else "-"
 
         def speedup(o: str) -> str:
-            return f"{modes['none']['us'] / modes[o]['us']:.3f}" if o in modes and "none" in modes else "-"
-        floor = next(iter(modes.values()))["floor_us"]
-        lines.append(f"| {shape} | {m} | {kernel} | {floor:.2f} | {cell('none')} | {cell('launch')} | "
-                     f"{cell('weights')} | {speedup('launch')} | {speedup('weights')} |")
-    for kernel in ("skinny", "triton"):
-        for o in ("launch", "weights"):
+            return f"{by_mode['none']['us'] / by_mode[o]['us']:.3f}" if o in by_mode and "none" in by_mode else "-"
+        floor = next(iter(by_mode.values()))["floor_us"]
+        lines.append(f"| {shape} | {m} | {kernel} | {floor:.2f} | " + " | ".join(map(cell, skinny.OVERLAPS)) + " | "
+                     + " | ".join(map(speedup, modes)) + " |")
+    for kernel in sorted({k for _, _, k in cells}):
+        for o in modes:
             ratios = [modes["none"]["us"] / modes[o]["us"] for (_, _, k), modes in cells.items()
                       if k == kernel and o in modes and "none" in modes]
             if ratios:
@@ -196,7 +196,7 @@ def main() -> int:
                   "chain": [{"kernel": "skinny", "m": 1, "overlap": o, "passed": True} for o in skinny.OVERLAPS],
                   "timing": [{"shape": s, "k": k, "n": n, "m": m, "kernel": kern, "overlap": o, "floor_us": 1.0,
                               "us": 2.0 - 0.1 * i, "pct_floor": 50.0}
-                             for s, k, n in timing_shapes() for m in TIMING_M for kern in ("skinny", "triton")
+                             for s, k, n in timing_shapes() for m in TIMING_M for kern in kernels()
                              for i, o in enumerate(skinny.OVERLAPS)]}
     else:
         device = "cuda"

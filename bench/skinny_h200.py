@@ -12,7 +12,8 @@ subset at G=32/64, for both engines, judged by the oracle's error model (dequant
 activation dtype, one rounding) against a plain torch baseline, plus exact probes on a subset.
 Timing (DESIGN.md section 5): cold weights (rotating copies over 500 MiB), a CUDA graph of R
 calls each on its own copy, per call = replay / R, median of replays; floor = bytes / measured
-copy bandwidth. Writes DIR/skinny_h200.json and DIR/skinny_h200.md.
+copy bandwidth. Calls overlap their predecessor with overlap "weights", as the hybrid op runs them
+(bench/overlap_h200.py compares the modes). Writes DIR/skinny_h200.json and DIR/skinny_h200.md.
 
 --variants compares the kernels of optimized.skinny.VARIANTS in one run (see run_variants): a
 quick parity check of each and of the default policy (6 weights, M in {1..5, 9, 16}, exact probes
@@ -307,6 +308,7 @@ def run_timing(cases: list[TimingCase], bandwidth: float, device: str, ms=tuple(
             weight_bytes = floor_bytes(0, k, n, g, case.symmetric)
             copies = max(2, min(MAX_COPIES, math.ceil(COLD_BYTES / weight_bytes)))
             packs = random_packs(k, n, g, case.symmetric, dtype, device, copies)
+            torch.cuda.synchronize()  # read-only from here on: the kernel runs with overlap "weights"
             dense = [torch.randn(n, k, device=device).to(dtype)
                      for _ in range(max(2, min(MAX_COPIES, math.ceil(COLD_BYTES / (2 * n * k)))))]
         except Exception as e:  # noqa: BLE001
@@ -323,7 +325,7 @@ def run_timing(cases: list[TimingCase], bandwidth: float, device: str, ms=tuple(
                 row["dense_us"] = dense_s * 1e6
                 for engine in ENGINES:
                     sec = graph_seconds([lambda p=p: torch.ops.w4a16.skinny_matmul(x, p[0], p[1], p[2], g, None, engine,
-                                                                                   variant)
+                                                                                   variant, "weights")
                                          for p in packs], replays=REPLAYS)
                     row[f"{engine}_us"] = sec * 1e6
                     row[f"{engine}_pct_floor"] = 100 * floor_s / sec
@@ -452,6 +454,7 @@ def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set
             weight_bytes = floor_bytes(0, k, n, g, case.symmetric)
             copies = max(VARIANT_MIN_COPIES, min(MAX_COPIES, math.ceil(VARIANT_COLD_BYTES / weight_bytes)))
             packs = random_packs(k, n, g, case.symmetric, dtype, device, copies)
+            torch.cuda.synchronize()  # read-only from here on: the kernels run with overlap "weights"
         except Exception as e:  # noqa: BLE001
             rows.append({"case": case.id, "error": repr(e)})
             log(f"[variant timing {i + 1}] {case.id}: setup error {e!r}")
@@ -476,7 +479,8 @@ def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set
                 else:
                     try:
                         sec = graph_seconds([lambda p=p, v=v, engine=engine: torch.ops.w4a16.skinny_matmul(
-                            x, p[0], p[1], p[2], g, None, engine, v) for p in packs], replays=VARIANT_REPLAYS)
+                            x, p[0], p[1], p[2], g, None, engine, v, "weights") for p in packs],
+                            replays=VARIANT_REPLAYS)
                         torch.cuda.synchronize()
                         row["us"] = sec * 1e6
                         row["pct_floor"] = 100 * floor_s / sec

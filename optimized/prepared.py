@@ -55,6 +55,10 @@ class PreparedWeight:
                 so calls gather x[:, perm] first. None when channels are in order.
     dense:      scales.dtype [n, K] or None: the dequantized prefill cache, (q - z) * s rounded once
                 into the activation dtype, in the original channel order. 4x the bytes of qweight.
+
+    The tensors are read-only once the PreparedWeight exists: the skinny kernel starts reading them
+    before the previous kernel on the stream has finished (`optimized.skinny.OVERLAPS` "weights"),
+    so the constructor waits for the kernels that wrote them, and nothing may write them later.
     """
 
     qweight: torch.Tensor
@@ -67,6 +71,8 @@ class PreparedWeight:
 
     def __post_init__(self) -> None:
         check_prepared(self.qweight, self.scales, self.zeros, self.group_size, self.n, self.perm, self.dense)
+        if self.qweight.device.type == "cuda" and not torch.compiler.is_compiling():
+            torch.cuda.synchronize(self.qweight.device)
 
     @property
     def k(self) -> int:

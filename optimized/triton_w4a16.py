@@ -52,10 +52,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime.interpreter import InterpretedFunction
 
-from .contract import ContractError, check_args
+from .contract import check_args
 from .tile_configs import INTERPRETER, TileConfig, check_config, k_splits, select_config
 
 # Programs are ordered in bands of this many M-tiles, M fastest, so that programs running at the
@@ -184,13 +183,8 @@ def _w4a16_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS_PER_TILE: tl.constexpr,
     PATH: tl.constexpr, DQ_HALF: tl.constexpr, WRITE_PARTIALS: tl.constexpr,
     HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr, GROUP_M: tl.constexpr,
-    OVERLAP: tl.constexpr,  # an OVERLAPS index; 0 unless launched with launch_pdl (CUDA sm_90+)
 ):
     XT: tl.constexpr = x_ptr.dtype.element_ty
-    if OVERLAP > 0:
-        gdc_launch_dependents()
-    if OVERLAP == 1 or (OVERLAP == 2 and PATH != 0):
-        gdc_wait()
     GT: tl.constexpr = GROUPS_PER_TILE
     # Words of one group inside a K-tile (all the tile's words when the tile is inside one group).
     WPS: tl.constexpr = BLOCK_K // 8 // GROUPS_PER_TILE
@@ -249,8 +243,6 @@ def _w4a16_kernel(
         next_s = tl.load(s_ptrs + (first_tile // TILES_PER_GROUP) * GT)
         if HAS_ZEROS:
             next_z = tl.load(z_ptrs + (first_tile // TILES_PER_GROUP) * GT)
-        if OVERLAP == 2:
-            gdc_wait()
     for t in range(first_tile, last_tile):
         g = (t // TILES_PER_GROUP) * GT  # the tile's first group
         if PATH == 0:
@@ -355,11 +347,8 @@ def _split_k_reduce_kernel(
     # workspace: fp32 [splits, M, N]; bias: [N] or unused; out: [M, N] contiguous.
     workspace_ptr, bias_ptr, out_ptr,
     M, N, splits,
-    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, OVERLAP: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    if OVERLAP > 0:  # the partials are the previous kernel's output: wait for it first
-        gdc_launch_dependents()
-        gdc_wait()
     numel = M.to(tl.int64) * N
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
@@ -377,32 +366,15 @@ def _split_k_reduce_kernel(
 # Whether @triton.jit built interpreter functions (TRITON_INTERPRET=1 when this module was imported).
 UNDER_INTERPRETER = isinstance(_w4a16_kernel, InterpretedFunction)
 
-# How a call overlaps the kernel before it on the stream, the skinny kernel's choices
-# (optimized.skinny.OVERLAPS) through Triton's programmatic dependent launch (`launch_pdl`, CUDA
-# sm_90+): "none"; "launch" (programs may start while the previous kernel drains and wait for it
-# before touching memory); "weights" (the GEMV also loads its first weight tile, scales and zero
-# points before that wait: only for weights the previous kernel does not write).
-OVERLAPS = ("none", "launch", "weights")
-
-
-def overlap_code(overlap: str, device: torch.device) -> int:
-    """The kernels' OVERLAP constexpr: 0 where the device has no programmatic dependent launch
-    (the interpreter, ROCm, CUDA before sm_90)."""
-    if overlap not in OVERLAPS:
-        raise ContractError(f"overlap must be one of {OVERLAPS}, got {overlap!r}")
-    if device.type != "cuda" or torch.version.hip is not None or torch.cuda.get_device_capability(device)[0] < 9:
-        return 0
-    return OVERLAPS.index(overlap)
-
 
 def kernel_constexprs(config: TileConfig, group: int, partials: bool, has_zeros: bool, has_bias: bool,
-                      dot_in_fp32: bool, overlap: int = 0) -> dict:
+                      dot_in_fp32: bool) -> dict:
     """The meta-parameters `_w4a16_kernel` is compiled for: everything a TileConfig decides, as
     data (also what the ahead-of-time compile test and the H200 bench pass)."""
     return dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                 GROUPS_PER_TILE=max(1, config.block_k // group), PATH=config.path_code,
                 DQ_HALF=config.dq_half, WRITE_PARTIALS=partials, HAS_ZEROS=has_zeros, HAS_BIAS=has_bias,
-                DOT_IN_FP32=dot_in_fp32, GROUP_M=GROUP_M, OVERLAP=overlap)
+                DOT_IN_FP32=dot_in_fp32, GROUP_M=GROUP_M)
 
 
 # The kernels' integer arguments (the rest are pointers or constexprs), and those a launch on real
@@ -433,7 +405,7 @@ def device_name(device: torch.device) -> str:
 
 def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  group_size: int, bias: torch.Tensor | None = None, *,
-                 config: TileConfig | None = None, overlap: str = "launch") -> torch.Tensor:
+                 config: TileConfig | None = None) -> torch.Tensor:
     """y = x @ W^T (+ bias) -> x.dtype [M, N], contiguous.
 
     x:          float16/bfloat16 [M, K], x.stride(1) == 1 (rows may be strided).
@@ -444,8 +416,6 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     bias:       x.dtype [N] or None.
     config:     a tile config to use instead of `select_config`'s (for tuning); must satisfy
                 `tile_configs.check_config` for this K and G.
-    overlap:    one of OVERLAPS; "weights" only when no kernel just before this call on the stream
-                writes qweight, scales or zeros.
     Raises ContractError (before any launch) when an argument breaks the contract.
     """
     p = check_args(x, qweight, scales, zeros, group_size, bias)
@@ -455,9 +425,6 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     if x.device.type == "cpu" and not UNDER_INTERPRETER:
         raise RuntimeError("CPU tensors run only under Triton's interpreter: set TRITON_INTERPRET=1 "
                            "before importing optimized.triton_w4a16")
-    pdl = overlap_code(overlap, x.device)
-    # Only a launch that uses it passes launch_pdl: the interpreter and ROCm's Triton lack it.
-    launch = {"launch_pdl": True} if pdl else {}
     if config is None:
         config = select_config(p.m, p.n, p.k, p.group, device_name(x.device))
     else:
@@ -473,12 +440,12 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         p.m, p.n, p.k, x.stride(0), p.k // 8, p.k // p.group, max(1, p.group // config.block_k), tiles_per_split,
         NIBBLE_MAGIC,
         **kernel_constexprs(config, p.group, split > 1, zeros is not None, bias is not None,
-                            UNDER_INTERPRETER and x.dtype == torch.bfloat16, pdl),
-        num_warps=config.num_warps, num_stages=config.num_stages, **launch,
+                            UNDER_INTERPRETER and x.dtype == torch.bfloat16),
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split > 1:
         _split_k_reduce_kernel[(triton.cdiv(p.m * p.n, REDUCE_BLOCK),)](
             target, out if bias is None else bias, out, p.m, p.n, split,
-            HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, OVERLAP=pdl, **launch,
+            HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK,
         )
     return out

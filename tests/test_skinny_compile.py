@@ -368,6 +368,38 @@ def test_fake_rejects_m_beyond_max():
         torch.ops.w4a16.skinny_matmul(x, *weights(64, 256, 128, torch.float16, True), 128)
 
 
+def test_every_kernel_waits_for_its_predecessor_before_x_and_y(sm90_objects):
+    """Programmatic dependent launch (optimized.skinny.OVERLAPS "weights"): in the sm_90 SASS of
+    every kernel the launch trigger (PREEXIT) comes before the wait for the previous kernel
+    (ACQBULK), and the wait before every coherent global load (x, which the previous kernel may
+    have written) and every global store (y, which it may still read). Read-only loads (.CONSTANT:
+    weights, scales, zero points, bias) may come before it; ptxas moves those across the wait, so
+    x must never take that path: the only 16-byte read-only loads are the weights' (L1
+    no-allocate, .NA), and a 16-byte x load through __ldg fails this."""
+    from bench.skinny_sass import object_sass
+
+    work, _ = sm90_objects
+    functions = {}
+    for u in VARIANT_UNITS:
+        parts = re.split(r"^\s+Function : (\S+)\s*$", object_sass(work / f"{u.stem}.o"), flags=re.M)
+        functions.update(zip(parts[1::2], parts[2::2]))
+    kernels = {name: body for name, body in functions.items() if "skinny_" in name and "_kernel" in name}
+    assert len(kernels) >= 3 * len(skinny.VARIANTS), sorted(kernels)
+    bad = {}
+    for name, body in kernels.items():
+        ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body, flags=re.M)
+        trigger = [i for i, op in enumerate(ops) if op == "PREEXIT"]
+        wait = [i for i, op in enumerate(ops) if op == "ACQBULK"]
+        ordered = [i for i, op in enumerate(ops)
+                   if op.startswith("STG") or (op.startswith("LDG") and ".CONSTANT" not in op)]
+        x_read_only = [op for op in ops if op.startswith("LDG") and ".128" in op and ".CONSTANT" in op
+                       and ".NA" not in op]
+        if x_read_only or not (trigger and wait and ordered and trigger[0] < wait[0] < ordered[0]):
+            bad[name] = {"PREEXIT": trigger[:1], "ACQBULK": wait[:2], "first x load or y store": ordered[:1],
+                         "read-only 16-byte loads": x_read_only[:2]}
+    assert not bad, f"kernels that may touch x or y before waiting for the previous kernel: {bad}"
+
+
 @pytest.fixture
 def no_build(monkeypatch):
     """Contract checks must fire before any compile: building here fails the test."""
@@ -394,6 +426,7 @@ REJECTED = [
     pytest.param(dict(engine="tensor"), "engine must be one of", id="unknown-engine"),
     pytest.param(dict(variant=len(skinny.VARIANTS)), "variant must be -1", id="variant-out-of-range"),
     pytest.param(dict(variant=-2), "variant must be -1", id="variant-negative"),
+    pytest.param(dict(overlap="early"), "overlap must be one of", id="unknown-overlap"),
 ]
 
 

@@ -416,16 +416,12 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
         dtypes, bias = ("fp16", "bf16"), True
     failures = []
     for (cfg, group), dtype in product(configs, dtypes):
-        # What launches there compile: CUDA calls overlap their predecessor ("launch" by default;
-        # "weights" moves the GEMV's wait after its first loads), ROCm has no such launch.
-        names = ("launch",) if cfg.use_dot else ("launch", "weights")
-        overlaps = [triton_w4a16.OVERLAPS.index(o) for o in names] if backend == "cuda" else [0]
-        for partials, overlap in product(sorted({False, cfg.split_k > 1}), overlaps):
+        for partials in sorted({False, cfg.split_k > 1}):
             kernels = [(triton_w4a16._w4a16_kernel,
-                        triton_w4a16.kernel_constexprs(cfg, group, partials, True, bias, False, overlap))]
+                        triton_w4a16.kernel_constexprs(cfg, group, partials, True, bias, False))]
             if partials:
                 kernels.append((triton_w4a16._split_k_reduce_kernel,
-                                dict(HAS_BIAS=bias, BLOCK=triton_w4a16.REDUCE_BLOCK, OVERLAP=overlap)))
+                                dict(HAS_BIAS=bias, BLOCK=triton_w4a16.REDUCE_BLOCK)))
             for fn, constexprs in kernels:
                 sig, aligned = triton_w4a16.compile_signature(fn, constexprs, dtype, partials)
                 name = f"{fn.__name__} {cfg.id} G{group} {dtype}{' partials' if partials else ''}"

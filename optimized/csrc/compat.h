@@ -94,7 +94,8 @@ static_assert(sizeof(half_t) == 2 && sizeof(bf16_t) == 2, "16-bit activation typ
 // for it). pdl_trigger lets the next kernel on the stream launch once every block of this one has
 // called it or exited, so its blocks take SM slots as this kernel's last blocks drain; pdl_wait
 // blocks until the previous kernel has completed and its writes are visible. Reads of anything the
-// previous kernel may have written, and every write, must come after pdl_wait.
+// previous kernel may have written, and every write, must come after pdl_wait, by instructions
+// that cannot be moved above it (not read-only .nc loads: see skinny_core.cuh load_x).
 __device__ __forceinline__ void pdl_trigger() {
 #if !W4_HIP && !W4_EMU && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

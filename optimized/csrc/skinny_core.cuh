@@ -63,18 +63,20 @@ enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg = 2, kVaria
 constexpr int kNumVariants = 4;
 constexpr int kAutoVariant = -1;  // default_variant(m), per call
 
-// How a call overlaps the kernel before it on the stream (programmatic dependent launch, CUDA
-// sm_90+; the host settles anything else to kOverlapNone). optimized/skinny.py OVERLAPS lists the
+// How a call overlaps the kernel before it on the stream; optimized/skinny.py OVERLAPS lists the
 // names in the same order:
 //  * kOverlapNone: a plain launch; the kernel starts when the previous one has finished.
-//  * kOverlapLaunch: the kernel may launch while the previous one drains, and waits for it
-//    (pdl_wait) before its first memory access: always safe.
-//  * kOverlapWeights: as kOverlapLaunch, but the first ring entries of weights, scales and zero
-//    points are loaded before the wait, so HBM stays busy through the previous kernel's tail.
-//    Only for weights the previous kernel does not write (prepared once, then read-only).
-// Every kernel calls pdl_trigger first, so that the next call may overlap this one in turn.
-enum Overlap : int { kOverlapNone = 0, kOverlapLaunch = 1, kOverlapWeights = 2 };
-constexpr int kNumOverlaps = 3;
+//  * kOverlapWeights (CUDA sm_90+, programmatic dependent launch; the host settles it to
+//    kOverlapNone elsewhere): the kernel may launch while the previous one drains. Its blocks load
+//    their first ring entries of weights, scales and zero points, then wait for the previous
+//    kernel (pdl_wait) before reading x or writing y, so HBM stays busy through that kernel's
+//    tail. Only for weights, scales, zero points and bias that the previous kernel does not write
+//    (prepared once, then read-only): they are read-only (.nc) loads, which ptxas moves across the
+//    wait at will, while x is read with coherent loads (load_x) that stay after it.
+// Every kernel calls pdl_trigger first, so that the next call may overlap this one in turn, and
+// pdl_wait, which returns at once after a plain launch.
+enum Overlap : int { kOverlapNone = 0, kOverlapWeights = 1 };
+constexpr int kNumOverlaps = 2;
 
 // The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) at M <= kSegMaxM, regs_s4
 // up to M = kRegsMaxM, base above. On the H200 (mma engine,
@@ -171,10 +173,23 @@ __device__ __forceinline__ uint4 load_weights(const uint4* p) {
 #endif
 }
 
+// 16 bytes of x, by a coherent load: x may be the previous kernel's output, and a read-only (.nc)
+// load is one ptxas may hoist above the pdl_wait that makes that output visible (it did, in the
+// pipelined kernel). Volatile keeps it after the wait's asm in the compiler too.
+__device__ __forceinline__ uint4 load_x(const uint4* p) {
+#if W4_HIP || W4_EMU
+  return *p;
+#else
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+#endif
+}
+
 // 8 consecutive activations as raw 16-bit patterns; zeros where `ok` is false.
 template <typename T>
 __device__ __forceinline__ uint4 load_x8(const T* row, int k, bool ok) {
-  return ok ? W4_LDG(reinterpret_cast<const uint4*>(row + k)) : make_uint4(0u, 0u, 0u, 0u);
+  return ok ? load_x(reinterpret_cast<const uint4*>(row + k)) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 template <typename T, int M_TILE, Engine E>
@@ -516,7 +531,7 @@ struct MmaPipeAccumulator {
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
         uint32_t b[4];
-        x_fragments(W4_LDG(xp[i] + j), b);
+        x_fragments(load_x(xp[i] + j), b);
         float(&c)[4] = kScaleAfter ? part[i] : acc[i];
         mma16816<T>(c, a_even, b[0], b[1]);
         mma16816<T>(c, a_odd, b[2], b[3]);
@@ -584,7 +599,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const 
   const int warp_row0 = blockIdx.x * block_rows + w_n * kWarpRows;
   const int groups = p.k / G;
   const int iters = (p.k + kIterK - 1) / kIterK;
-  // Its loads of weights and x come in the same batches, so nothing is read before the wait.
+  // Its loads of weights and x come in the same batches, so it waits first.
   pdl_trigger();
   pdl_wait();
 
@@ -743,10 +758,9 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
   accum.init(p.x, p.stride_xm, p.m, quad);
 
   pdl_trigger();
-  if (p.overlap != kOverlapWeights) pdl_wait();
 #pragma unroll
   for (int f = 0; f < S - 1; ++f) issue(f, f);
-  if (p.overlap == kOverlapWeights) pdl_wait();
+  pdl_wait();  // x and y only after it
   for (int e0 = 0; e0 < count; e0 += S) {
 #pragma unroll
     for (int u = 0; u < S; ++u) {
@@ -874,15 +888,14 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
     for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
 
   pdl_trigger();
-  if (p.overlap != kOverlapWeights) pdl_wait();
 #pragma unroll
   for (int f = 0; f < S - 1; ++f) issue(f, f);
-  if (p.overlap == kOverlapWeights) pdl_wait();
+  pdl_wait();  // x and y only after it
   if constexpr (XS) {  // after the first weight loads are in flight; rows past m are zeros
     for (int i = threadIdx.x; i < M_PAD * 4 * kc; i += kBlockThreads) {
       const int r = i / (4 * kc), piece = i - r * 4 * kc;
       const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + r * p.stride_xm) + piece;
-      xs[(4 * r + piece % 4) * kc + piece / 4] = r < p.m ? W4_LDG(src) : make_uint4(0u, 0u, 0u, 0u);
+      xs[(4 * r + piece % 4) * kc + piece / 4] = r < p.m ? detail::load_x(src) : make_uint4(0u, 0u, 0u, 0u);
     }
     __syncthreads();
   }
@@ -911,7 +924,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
         uint32_t b[4];
         const uint4 xv = !ok ? make_uint4(0u, 0u, 0u, 0u)
                          : XS ? xs_lane[j * kc + xe]
-                              : W4_LDG(xlane + (4 * xe + j));
+                              : detail::load_x(xlane + (4 * xe + j));
         detail::x_fragments(xv, b);
 #pragma unroll
         for (int i = 0; i < R / 2; ++i) {
@@ -1009,7 +1022,7 @@ template <typename T, Engine E, int V>
 void launch_variant(const SkinnyParams& p, stream_t stream);
 
 // One launch of `kernel` over `blocks` blocks, with the programmatic-dependent-launch attribute
-// unless p.overlap is kOverlapNone (the host settles it to none where the device lacks it).
+// for kOverlapWeights (the host settles it to none where the device lacks it).
 template <typename Kernel>
 void launch_kernel(Kernel kernel, int blocks, int shared_bytes, const SkinnyParams& p, stream_t stream) {
 #if W4_EMU

@@ -105,7 +105,8 @@ def build_skinny(w: QuantizedWeight, dtype: torch.dtype) -> Call:
 
     skinny.build()  # raises SkinnyUnavailable with the reason; compiles once per process
     kw = to_kernel_layout(w, dtype)
-    return lambda x: skinny.skinny_matmul(x, kw.qweight, kw.scales, kw.zeros, kw.group_size)
+    torch.cuda.synchronize()  # the copy is read-only from here on, as the "weights" overlap needs
+    return lambda x: skinny.skinny_matmul(x, kw.qweight, kw.scales, kw.zeros, kw.group_size, overlap="weights")
 
 
 class HybridCall:
