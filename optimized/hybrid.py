@@ -128,7 +128,7 @@ def _run_triton(x: torch.Tensor, w: PreparedWeight, bias: torch.Tensor | None) -
 
 def _run_skinny(x: torch.Tensor, w: PreparedWeight, bias: torch.Tensor | None) -> torch.Tensor:
     x, bias = _kernel_inputs(x, w, bias)
-    # A PreparedWeight is read-only once built (its constructor waits for the kernels that wrote it).
+    # A PreparedWeight is read-only, and `prepare` waited for the kernels that wrote it.
     return _unpadded(skinny.skinny_matmul(x, w.qweight, w.scales, w.zeros, w.group_size, bias, overlap="weights"),
                      w)
 

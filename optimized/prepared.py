@@ -57,8 +57,9 @@ class PreparedWeight:
                 into the activation dtype, in the original channel order. 4x the bytes of qweight.
 
     The tensors are read-only once the PreparedWeight exists: the skinny kernel starts reading them
-    before the previous kernel on the stream has finished (`optimized.skinny.OVERLAPS` "weights"),
-    so the constructor waits for the kernels that wrote them, and nothing may write them later.
+    before the previous kernel on the stream has finished (`optimized.skinny.OVERLAPS` "weights").
+    `prepare` waits for the kernels that wrote them; a PreparedWeight built from tensors some kernel
+    has just written needs a torch.cuda.synchronize() (or any other kernel) before its first call.
     """
 
     qweight: torch.Tensor
@@ -71,8 +72,6 @@ class PreparedWeight:
 
     def __post_init__(self) -> None:
         check_prepared(self.qweight, self.scales, self.zeros, self.group_size, self.n, self.perm, self.dense)
-        if self.qweight.device.type == "cuda" and not torch.compiler.is_compiling():
-            torch.cuda.synchronize(self.qweight.device)
 
     @property
     def k(self) -> int:
@@ -184,6 +183,8 @@ def prepare(weight: QuantizedWeight | KernelWeights | Mapping[str, torch.Tensor]
     scales = torch.nn.functional.pad(w.scales, (0, 0, 0, pad)).contiguous()
     zeros = None if w.zeros is None else pack_zero_points(torch.nn.functional.pad(w.zeros, (0, 0, 0, pad)))
     dense = dequantize_dense(w, dtype) if dense_cache else None
+    if qweight.device.type == "cuda":
+        torch.cuda.synchronize(qweight.device)  # read-only from here on (see PreparedWeight)
     return PreparedWeight(qweight, scales, zeros, w.group_size, w.n, perm, dense)
 
 
