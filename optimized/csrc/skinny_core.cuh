@@ -67,12 +67,13 @@ constexpr int kAutoVariant = -1;  // default_variant(m), per call
 // names in the same order:
 //  * kOverlapNone: a plain launch; the kernel starts when the previous one has finished.
 //  * kOverlapWeights (CUDA sm_90+, programmatic dependent launch; the host settles it to
-//    kOverlapNone elsewhere): the kernel may launch while the previous one drains. Its blocks load
-//    their first ring entries of weights, scales and zero points, then wait for the previous
-//    kernel (pdl_wait) before reading x or writing y, so HBM stays busy through that kernel's
-//    tail. Only for weights, scales, zero points and bias that the previous kernel does not write
-//    (prepared once, then read-only): they are read-only (.nc) loads, which ptxas moves across the
-//    wait at will, while x is read with coherent loads (load_x) that stay after it.
+//    kOverlapNone elsewhere): the kernel may launch while the previous one drains. Its warps load
+//    their first ring entries (the base kernel: its first batch) of weights, scales and zero
+//    points, then wait for the previous kernel (pdl_wait) before reading x or writing y, so HBM
+//    stays busy through that kernel's tail. Only for weights, scales, zero points and bias that
+//    the previous kernel does not write (prepared once, then read-only): they are read-only (.nc)
+//    loads, which ptxas moves across the wait at will, while x is read with coherent loads
+//    (load_x) that stay after it.
 // Every kernel calls pdl_trigger first, so that the next call may overlap this one in turn, and
 // pdl_wait, which returns at once after a plain launch.
 enum Overlap : int { kOverlapNone = 0, kOverlapWeights = 1 };
@@ -599,9 +600,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const 
   const int warp_row0 = blockIdx.x * block_rows + w_n * kWarpRows;
   const int groups = p.k / G;
   const int iters = (p.k + kIterK - 1) / kIterK;
-  // Its loads of weights and x come in the same batches, so it waits first.
   pdl_trigger();
-  pdl_wait();
 
   // Rows past n read row n - 1 (valid memory) and are never stored.
   int row[2];
@@ -634,6 +633,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const 
         zw[u][a] = !SYM && valid ? W4_LDG(p.zeros + static_cast<int64_t>(row[a] >> 3) * groups + group) : 0u;
       }
     }
+    if (first == w_k) pdl_wait();  // the first batch of weights is in flight; x only after it
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int it = first + u * p.split;
@@ -646,6 +646,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const 
     }
   }
 
+  pdl_wait();  // for a warp without iterations, before the block writes y; at once for the others
   accum.deposit(red + (w_k * block_rows + w_n * kWarpRows) * M_TILE, quad, t);
   __syncthreads();
   detail::store_outputs<T, M_TILE>(p, red, block_rows);
