@@ -5,7 +5,8 @@
 # All default parts together run well past a 10-minute command limit: there, run them in groups
 # with PARTS (bench/results/h200/README.md lists the groups that fit).
 # Parts: skinny (build, opcheck, decode parity, timing),
-# skinny-sanitize (memcheck on boundary shapes), triton (full parity matrix, then timing against
+# skinny-sanitize (memcheck on boundary shapes), skinny-overlap (programmatic dependent launch: the
+# graph chain check and each overlap mode's timing, bench/overlap_h200.py), triton (full parity matrix, then timing against
 # the peers for the rest of TRITON_BUDGET_S), triton-sanitize, skinny-variants and
 # triton-variants (compare kernel variants / tile candidates, for retuning); reliability (issue 8:
 # long fuzz run, large indices, determinism; bench/reliability_h200.py), reliability-memcheck and
@@ -24,7 +25,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 status=0
-for part in ${PARTS:-skinny skinny-sanitize triton triton-sanitize hybrid bench-decode bench-prefill reliability reliability-memcheck racecheck}; do
+for part in ${PARTS:-skinny skinny-sanitize skinny-overlap triton triton-sanitize hybrid bench-decode bench-prefill reliability reliability-memcheck racecheck}; do
   echo "=== $part ($(date +%T))"
   case $part in
     skinny) python3 bench/skinny_h200.py --out "$out" ;;
@@ -32,6 +33,7 @@ for part in ${PARTS:-skinny skinny-sanitize triton triton-sanitize hybrid bench-
                        --out "$out" > "$out/skinny_sanitize.log" 2>&1; tail -5 "$out/skinny_sanitize.log" ;;
     triton) python3 bench/triton_h200.py --out "$out" --sections parity,timing --budget-s "${TRITON_BUDGET_S:-450}" ;;
     skinny-variants) python3 bench/skinny_h200.py --variants --out "$out" ;;
+    skinny-overlap) python3 bench/overlap_h200.py --out "$out" 2>&1 | tee "$out/overlap_log.txt" ;;
     triton-variants) python3 bench/triton_h200.py --sections variants --out "$out" ;;
     triton-sanitize) compute-sanitizer --tool memcheck --error-exitcode 3 python3 bench/triton_h200.py --sanitize \
                        --out "$out" > "$out/triton_sanitize.log" 2>&1; tail -5 "$out/triton_sanitize.log" ;;

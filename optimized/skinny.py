@@ -175,8 +175,9 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     (default_variant).
     overlap: one of OVERLAPS. "weights" reads qweight, scales, zeros and bias before the previous
     kernel on the stream has finished: pass it only when no kernel just before this call writes
-    them (weights prepared once; a host synchronize after writing them is enough). On the H200 it
-    took 0.74-1.00x the time of "none" (bench/results/h200/overlap_h200.md).
+    them (weights prepared once; a host synchronize after writing them is enough). In a CUDA
+    graph of back-to-back calls on the H200 it took 0.74-1.00x the time of "none"
+    (bench/results/h200/overlap_h200.md).
     Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics). Row i is bit-identical
     for every M that runs the same kernel configuration (under the default, same_rows_ranges: M 1,
     2, 3..4, 5..8 and 9..16 on the tensor cores, 1..8 and 9..16 on the simt engine);

@@ -40,3 +40,15 @@ def test_hybrid_parity_dry_run_merges_its_shards(tmp_path):
     assert parity["hybrid_dense"]["cases"] >= 1 and set(parity["hybrid_dense"]["chosen"]) == {"dense"}
     assert parity["triton"]["cases"] >= 1 and parity["triton"]["failed"] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hybrid_h200.json", "hybrid_h200.md"]
+
+
+def test_overlap_dry_run_reports_every_mode(tmp_path):
+    """The overlap comparison's report: a column per mode and a speedup per cell and kernel."""
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "overlap_h200.py"), "--dry-run", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    report = (tmp_path / "overlap_h200.md").read_text()
+    assert "| shape | M | kernel | floor us | none | weights | weights speedup |" in report
+    assert "skinny weights: geometric-mean speedup over none" in report
+    result = json.loads((tmp_path / "overlap_h200.json").read_text())
+    assert {r["overlap"] for r in result["timing"]} == {"none", "weights"}
