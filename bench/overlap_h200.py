@@ -174,8 +174,8 @@ def markdown(result: dict) -> str:
                      + " | ".join(map(speedup, modes)) + " |")
     for kernel in sorted({k for _, _, k in cells}):
         for o in modes:
-            ratios = [modes["none"]["us"] / modes[o]["us"] for (_, _, k), modes in cells.items()
-                      if k == kernel and o in modes and "none" in modes]
+            ratios = [by_mode["none"]["us"] / by_mode[o]["us"] for (_, _, k), by_mode in cells.items()
+                      if k == kernel and o in by_mode and "none" in by_mode]
             if ratios:
                 lines.append(f"\n{kernel} {o}: geometric-mean speedup over none "
                              f"{math.exp(statistics.fmean(map(math.log, ratios))):.3f} "

@@ -38,7 +38,7 @@ SEG_XS_MAX_BYTES = 96 * 1024
 # "none" (the default: a plain launch); "weights" (programmatic dependent launch, CUDA sm_90+, a
 # plain launch elsewhere: the kernel's blocks may start while the previous kernel drains, load
 # their first weights, scales and zero points, and wait for it before reading x or writing y; only
-# for weights, scales, zero points and bias that the previous kernel on the stream does not write).
+# for weights, scales and zero points that the previous kernel on the stream does not write).
 OVERLAPS = ("none", "weights")
 
 
@@ -173,7 +173,7 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     engine: "auto" (tensor cores where the device has them), "mma" or "simt" (the HIP path).
     variant: an index into VARIANTS, for benchmarking; -1 (the default) picks by M
     (default_variant).
-    overlap: one of OVERLAPS. "weights" reads qweight, scales, zeros and bias before the previous
+    overlap: one of OVERLAPS. "weights" reads qweight, scales and zeros before the previous
     kernel on the stream has finished: pass it only when no kernel just before this call writes
     them (weights prepared once; a host synchronize after writing them is enough). In a CUDA
     graph of back-to-back calls on the H200 it took 0.74-1.00x the time of "none"

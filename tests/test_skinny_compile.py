@@ -371,9 +371,9 @@ def test_fake_rejects_m_beyond_max():
 def test_every_kernel_waits_for_its_predecessor_before_x_and_y(sm90_objects):
     """Programmatic dependent launch (optimized.skinny.OVERLAPS "weights"): in the sm_90 SASS of
     every kernel the launch trigger (PREEXIT) comes before the wait for the previous kernel
-    (ACQBULK), and the wait before every coherent global load (x, which the previous kernel may
-    have written) and every global store (y, which it may still read). Read-only loads (.CONSTANT:
-    weights, scales, zero points, bias) may come before it; ptxas moves those across the wait, so
+    (ACQBULK), and the wait before every coherent global load (x and bias, which the previous
+    kernel may have written) and every global store (y, which it may still read). Read-only loads
+    (.CONSTANT: weights, scales, zero points) may come before it; ptxas moves those across the wait, so
     x must never take that path: the only 16-byte read-only loads are the weights' (L1
     no-allocate, .NA), and a 16-byte x load through __ldg fails this."""
     from bench.skinny_sass import object_sass

@@ -70,10 +70,10 @@ constexpr int kAutoVariant = -1;  // default_variant(m), per call
 //    kOverlapNone elsewhere): the kernel may launch while the previous one drains. Its warps load
 //    their first ring entries (the base kernel: its first batch) of weights, scales and zero
 //    points, then wait for the previous kernel (pdl_wait) before reading x or writing y, so HBM
-//    stays busy through that kernel's tail. Only for weights, scales, zero points and bias that
-//    the previous kernel does not write (prepared once, then read-only): they are read-only (.nc)
-//    loads, which ptxas moves across the wait at will, while x is read with coherent loads
-//    (load_x) that stay after it.
+//    stays busy through that kernel's tail. Only for weights, scales and zero points that the
+//    previous kernel does not write (prepared once, then read-only): they are read-only (.nc)
+//    loads, which ptxas moves across the wait at will, while x and bias (which the hybrid op pads
+//    just before a call) are read with coherent loads (load_x, load_bias) that stay after it.
 // Every kernel calls pdl_trigger first, so that the next call may overlap this one in turn, and
 // pdl_wait, which returns at once after a plain launch.
 enum Overlap : int { kOverlapNone = 0, kOverlapWeights = 1 };
@@ -183,6 +183,17 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
 #else
   uint4 v;
   asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+#endif
+}
+
+// One bias value as its raw 16-bit pattern, by a coherent load for the same reason as load_x.
+__device__ __forceinline__ uint32_t load_bias(const unsigned short* p) {
+#if W4_HIP || W4_EMU
+  return *p;
+#else
+  unsigned short v;
+  asm volatile("ld.global.u16 %0, [%1];" : "=h"(v) : "l"(p));
   return v;
 #endif
 }
@@ -573,7 +584,7 @@ __device__ __forceinline__ void store_outputs(const SkinnyParams& p, const float
     for (int s = 0; s < p.split; ++s)
 #pragma unroll
       for (int part = 0; part < PARTS; ++part) v += red[(s * block_rows + r) * ROW + PARTS * m + part];
-    if (bias != nullptr) v += bits_to_float<T>(W4_LDG(bias + n));
+    if (bias != nullptr) v += bits_to_float<T>(load_bias(bias + n));
     y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
   }
 }
