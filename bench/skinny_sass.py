@@ -55,9 +55,10 @@ class Kernel:
 
 
 def kernels() -> list[Kernel]:
-    """The mma-engine kernels of the default policy, with their loops' trip sizes: the segmented
-    kernel's ring of 3 iterations x kSegRowSets rows, the pipelined kernel's kPipeStages x
-    kLaneRows, the base kernel's 4 unrolled iterations x kLaneRows, each row a 32-k chunk."""
+    """The mma-engine kernels of the default policy, then the streaming kernel's two tiles, with
+    their loops' trip sizes: the segmented kernel's ring of 3 iterations x kSegRowSets rows, the
+    pipelined kernel's kPipeStages x kLaneRows, the base kernel's 4 unrolled iterations x
+    kLaneRows, the streaming kernel's one piece of 4 rows, each row a 32-k chunk."""
     lane_k, rows = core_constant("kLaneK"), core_constant("kLaneRows")
     seg = 3 * core_constant("kSegRowSets") * lane_k
     return [
@@ -67,6 +68,8 @@ def kernels() -> list[Kernel]:
         Kernel("M <= 8 (regs_s4)", "regs_s4", "skinny_pipe_kernel", "Li8ELi{g}ELb{sym}ELNS_6EngineE1E",
                core_constant("kPipeStages") * rows * lane_k),
         Kernel("M 9..16 (base)", "base", "skinny_kernel", "Li16ELi{g}ELb{sym}ELNS_6EngineE1E", 4 * rows * lane_k),
+        Kernel("M <= 8 (stream)", "stream", "skinny_stream_kernel", "Li8ELi{g}ELb{sym}E", 4 * lane_k),
+        Kernel("M 9..16 (stream)", "stream", "skinny_stream_kernel", "Li16ELi{g}ELb{sym}E", 4 * lane_k),
     ]
 
 

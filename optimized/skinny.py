@@ -25,8 +25,12 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # "seg_r4": a register ring too, with each warp's quads on consecutive K segments of 4 rows per
 # lane, so a load reads up to 512 contiguous bytes of a row (mma engine at M <= SEG_MAX_M; other
 # calls run regs_s4); "seg_xs": at split 1, seg_r4 reading x from a permuted copy in shared
-# memory, where the padded rows of x fit in SEG_XS_MAX_BYTES (seg_r4 otherwise).
-VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs")
+# memory, where the padded rows of x fit in SEG_XS_MAX_BYTES (seg_r4 otherwise); "stream": weights
+# stream through a shared-memory ring per warp by asynchronous copies, x, scales and zero points
+# are staged in shared memory once a block, and blocks split K (a second kernel adds their fp32
+# partial sums in a fixed order) where that fills the GPU better (mma engine at K % 128 == 0,
+# every M; other calls run regs_s4).
+VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs", "stream")
 # variant=-1 (the default) picks per call in the kernel's host dispatch: seg_xs at
 # M <= SEG_MAX_M, regs_s4 up to REGS_MAX_M, base above (csrc/skinny_core.cuh default_variant,
 # from the H200 comparisons in bench/results/h200/). default_variant(m) mirrors it for reports.

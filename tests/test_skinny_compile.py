@@ -150,7 +150,7 @@ def emulate_call(binary: Path, work: Path, x: torch.Tensor, kw, bias: torch.Tens
                  engine: str, num_sms: int = 132, split: int = 0, scale_offset: int = 0, row_pad: int = 0,
                  timeout: float = 600) -> tuple[torch.Tensor, dict[str, int]]:
     """(y, {"variant", "split"} that ran) from the emulated kernel for x [M, K] and kernel-layout
-    weights kw (oracle.layouts). variant -1 is the default policy; num_sms steers choose_split,
+    weights kw (oracle.layouts). variant -1 is the default policy; num_sms steers plan_split,
     split (1, 2, 4, 8) overrides it; scale_offset shifts the scales by that many elements (2-byte
     aligned only); row_pad (a multiple of 8) gives x a row stride of K + row_pad."""
     import numpy as np
@@ -190,8 +190,11 @@ def _v(name: str) -> int:
 
 
 def _settled(name: str, m: int, engine: str) -> str:
-    """The kernel that runs for `name` (the segmented kernels exist for the mma engine at M <= 4)."""
-    return "regs_s4" if name.startswith("seg") and (engine != "mma" or m > 4) else name
+    """The kernel that runs for `name` (the segmented kernels exist for the mma engine at M <= 4,
+    the streaming kernel for the mma engine)."""
+    if name.startswith("seg") and (engine != "mma" or m > 4) or name == "stream" and engine != "mma":
+        return "regs_s4"
+    return name
 
 
 # (variant or "default", engine, n, k, g, dtype, symmetric, m, emulate_call options, the variant
@@ -227,10 +230,21 @@ EMULATED = [
     ("seg_xs", "mma", 264, 2048, 64, torch.bfloat16, False, 4, dict(split=1, scale_offset=1), "seg_xs"),
     ("seg_xs", "mma", 24, 1056, 32, torch.float16, False, 1, dict(split=1), "seg_xs"),
     ("seg_xs", "mma", 8, skinny.SEG_XS_MAX_BYTES // 8 + 128, 128, torch.float16, False, 3, dict(split=1), "seg_xs"),
+    # The streaming kernel: every warp layout (M 1..2, 3..4, 5..8, 9..16), rows past n (N = 8, 200),
+    # K split across blocks unevenly (the reduce kernel adds the partial sums), warps without a
+    # piece (split 5 of 8 pieces at 8 warps along K), G = 32 and 64, a padded x row stride and a
+    # misaligned scale view; its own split plan at 132 and 4 SMs; a K tail sends it to regs_s4.
+    ("stream", "mma", 264, 8192, 128, torch.float16, False, 1, dict(split=1), "stream"),
+    ("stream", "mma", 200, 2048, 128, torch.bfloat16, True, 3, dict(split=2, row_pad=24), "stream"),
+    ("stream", "mma", 264, 2048, 64, torch.bfloat16, False, 16, dict(split=3, scale_offset=1), "stream"),
+    ("stream", "mma", 264, 2048, 32, torch.float16, False, 9, dict(num_sms=4), "stream"),
+    ("stream", "mma", 8, 1024, 128, torch.bfloat16, False, 5, dict(split=5), "stream"),
+    ("stream", "mma", 64, 2048, 32, torch.float16, True, 2, {}, "stream"),
+    ("stream", "mma", 264, 2016, 32, torch.float16, False, 2, {}, "regs_s4"),
     # K tail: the base kernel runs (the dispatch still reports regs_s4, the variant it settled on).
     ("regs_s4", "mma", 264, 4032, 64, torch.bfloat16, False, 16, {}, "regs_s4"),
     # The default policy, each side of SEG_MAX_M and REGS_MAX_M, with and without zero points,
-    # with choose_split's split at 132 SMs.
+    # with plan_split's split at 132 SMs.
     ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.SEG_MAX_M, {}, "seg_xs"),
     ("default", "mma", 264, 2048, 128, torch.float16, True, skinny.SEG_MAX_M, {}, "seg_xs"),
     ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.SEG_MAX_M + 1, {}, "regs_s4"),
@@ -375,7 +389,9 @@ def test_every_kernel_waits_for_its_predecessor_before_x_and_y(sm90_objects):
     kernel may have written) and every global store (y, which it may still read). Read-only loads
     (.CONSTANT: weights, scales, zero points) may come before it; ptxas moves those across the wait, so
     x must never take that path: the only 16-byte read-only loads are the weights' (L1
-    no-allocate, .NA), and a 16-byte x load through __ldg fails this."""
+    no-allocate, .NA), and a 16-byte x load through __ldg fails this. The streaming kernel's
+    asynchronous copies to shared memory (LDGSTS, with their LDGDEPBAR) carry weights only, so
+    they may precede the wait too."""
     from bench.skinny_sass import object_sass
 
     work, _ = sm90_objects
@@ -391,7 +407,8 @@ def test_every_kernel_waits_for_its_predecessor_before_x_and_y(sm90_objects):
         trigger = [i for i, op in enumerate(ops) if op == "PREEXIT"]
         wait = [i for i, op in enumerate(ops) if op == "ACQBULK"]
         ordered = [i for i, op in enumerate(ops)
-                   if op.startswith("STG") or (op.startswith("LDG") and ".CONSTANT" not in op)]
+                   if op.startswith("STG") or (op.startswith("LDG") and ".CONSTANT" not in op
+                                               and not op.startswith(("LDGSTS", "LDGDEPBAR")))]
         x_read_only = [op for op in ops if op.startswith("LDG") and ".128" in op and ".CONSTANT" in op
                        and ".NA" not in op]
         if x_read_only or not (trigger and wait and ordered and trigger[0] < wait[0] < ordered[0]):

@@ -127,8 +127,14 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   p.k = static_cast<int>(k);
   p.group_size = static_cast<int>(group_size);
   p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(variant), p.m), p.m,
-                                 kind == w4::Engine::kMma);
-  p.split = w4::choose_split(p.n, p.m, p.k, prop->multiProcessorCount, prop->warpSize, p.variant);
+                                 kind == w4::Engine::kMma, p.k);
+  p.split = w4::plan_split(p, prop->multiProcessorCount, prop->warpSize,
+                           static_cast<int>(prop->sharedMemPerBlockOptin));
+  at::Tensor partials;  // kept alive until the launches are queued; the stream orders its reuse
+  if (const int64_t floats = w4::stream_workspace_floats(p); floats > 0) {
+    partials = at::empty({floats}, x.options().dtype(at::kFloat));
+    p.partials = partials.data_ptr<float>();
+  }
   // Programmatic dependent launch exists on CUDA sm_90+ only.
 #if W4_HIP
   p.overlap = w4::kOverlapNone;

@@ -33,7 +33,16 @@
 //  * kVariantSegXs, "seg_xs" (the same kernel): at split 1, seg_r4 with x staged in shared memory,
 //    permuted so that the warp's x loads are as contiguous as its weight loads (where M_PAD x K x 2
 //    bytes fit in kSegXsMaxBytes); seg_r4 otherwise.
+//  * kVariantStream, "stream" (skinny_stream_kernel; mma engine, K % 128 == 0, every M <= 16):
+//    weights stream through a ring of shared-memory slots per warp by asynchronous copies
+//    (cp.async), so the bytes in flight are not bounded by registers; x, scales and zero points
+//    of the block's K range are staged in shared memory once; blocks of 32..256 rows (more at
+//    larger M, so each x byte serves more weights) split K across blocks when that fills the GPU
+//    better, their fp32 partial sums added in a fixed order by a second kernel. Other calls run
+//    regs_s4.
 #pragma once
+
+#include <cmath>
 
 #include "compat.h"
 
@@ -58,9 +67,9 @@ enum class Engine : int { kSimt = 0, kMma = 1 };
 
 // The kernels, for the op's `variant` argument; optimized/skinny.py VARIANTS lists the names in
 // the same order:
-// kVariantNames: base, regs_s4, seg_r4, seg_xs
-enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg = 2, kVariantSegXs = 3 };
-constexpr int kNumVariants = 4;
+// kVariantNames: base, regs_s4, seg_r4, seg_xs, stream
+enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg = 2, kVariantSegXs = 3, kVariantStream = 4 };
+constexpr int kNumVariants = 5;
 constexpr int kAutoVariant = -1;  // default_variant(m), per call
 
 // How a call overlaps the kernel before it on the stream; optimized/skinny.py OVERLAPS lists the
@@ -103,10 +112,16 @@ __host__ __device__ constexpr int resolve_variant(int variant, int m) {
 
 __host__ __device__ constexpr bool is_seg(int variant) { return variant == kVariantSeg || variant == kVariantSegXs; }
 
+// The streaming kernel's unit of K: one ring slot holds 32 rows x kStreamPieceK k.
+constexpr int kStreamPieceK = 128;
+
 // The kernel that runs for a resolved variant: the segmented one exists for the mma engine at
-// M <= kSegMaxM; other calls run regs_s4.
-__host__ __device__ constexpr int settle_variant(int variant, int m, bool mma) {
-  return is_seg(variant) && (!mma || m > kSegMaxM) ? kVariantRegs : variant;
+// M <= kSegMaxM, the streaming one for the mma engine at K % kStreamPieceK == 0; other calls run
+// regs_s4.
+__host__ __device__ constexpr int settle_variant(int variant, int m, bool mma, int k) {
+  return (is_seg(variant) && (!mma || m > kSegMaxM)) || (variant == kVariantStream && (!mma || k % kStreamPieceK != 0))
+             ? kVariantRegs
+             : variant;
 }
 
 // Columns of x the segmented kernel's mma tile holds: M rounded up to a power of two.
@@ -130,6 +145,7 @@ __host__ __device__ constexpr int seg_x_shared_bytes(int m, int k, int split) {
 //   zeros    [n/8, k/group_size] 32-bit words packed along n, or nullptr (symmetric, z = 8).
 //   bias     T [n] or nullptr.
 //   y        T [m, n], contiguous.
+//   partials fp32 [split][m][n], the streaming kernel's workspace when split > 1 (else unused).
 struct SkinnyParams {
   const void* x;
   const uint32_t* qweight;
@@ -137,10 +153,12 @@ struct SkinnyParams {
   const uint32_t* zeros;
   const void* bias;
   void* y;
+  float* partials;
   int64_t stride_xm;
   int m, n, k;
   int group_size;  // 32, 64 or 128
-  int split;       // warps of a block sharing each row, splitting K: 1, 2, 4 (or 8 on wave32)
+  int split;       // warps of a block sharing each row, splitting K: 1, 2, 4 (or 8 on wave32);
+                   // the streaming kernel: blocks sharing each row (stream_workspace_floats)
   int variant;     // a Variant (resolve_variant)
   int overlap;     // an Overlap
 };
@@ -974,6 +992,293 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 }
 #endif  // !W4_HIP
 
+#if !W4_HIP
+// ---------------------------------------------------------------------------------------------
+// The streaming kernel (kVariantStream; mma engine, K % kStreamPieceK == 0, M <= kMaxM).
+//
+// Why: the register-ring kernels keep at most 2-3 iterations of loads in flight per lane, bounded
+// by registers; on the H200 they drew 61% of DRAM bandwidth at M = 1 (ncu_pipes_s17.txt), and at
+// M > 4 every warp re-read x from L1. Here the ring lives in shared memory (kStreamStages slots of
+// 32 rows x 128 k per warp, filled by cp.async), and x is read from a permuted shared copy that
+// every warp of the block shares.
+//
+// Block: kBlockThreads / 32 warps, warps_n along N (32 rows each: two 16-row A tiles) and
+// warps_k = 8 / warps_n along K. It owns rows [n0, n0 + 32 warps_n) and the K range of its split
+// index ks: pieces [ks P / split, (ks + 1) P / split) of the P = K / 128 pieces; warp wk takes a
+// contiguous share of those pieces. Fragment map: the mma kernels' (lane 4 quad + t holds rows
+// quad + 8 a, a < 4, chunk t of each piece; logical k of steps 2j, 2j + 1 are nibbles of word j).
+// Each lane copies exactly the 16-byte chunks it later reads (row crow + 8 i, chunk ccol of the
+// slot), so a lane's own cp.async.wait_group makes its data visible, with no warp barrier.
+//
+// Shared memory (stream_layout): the rings, then x rows m < M in B-fragment order (unit
+// (m, piece, j, t) holds x_fragments of x[m][k0 + 32 t + 8 j ..]: lanes read consecutive units,
+// and a row's stride is 16 P_block + 4 units, so rows quad and quad + 1 fall in different banks),
+// then scales [rows][scale_stride] (a stride = 2 mod 4 halves puts the 8 quads' rows in 8 banks),
+// then zero-point words [rows / 8][groups]. After the main loop the rings hold the warps_k partial
+// sums of each output, added in warp order.
+//
+// Outputs: split == 1: y = sums + bias, rounded once. split > 1: the block writes its fp32 sums
+// to partials[ks], and skinny_stream_reduce_kernel adds the split of them in ks order plus bias.
+// No atomics: the result is deterministic, and row i depends on M only through the plan
+// (stream_warps_n(m) and the split).
+
+constexpr int kStreamStages = 4;                              // ring slots per warp
+constexpr int kStreamSlotUnits = 32 * kStreamPieceK / 32;     // 16-byte units a slot: 32 rows x 4
+constexpr int kStreamRingBytes = kBlockThreads / 32 * kStreamStages * kStreamSlotUnits * 16;
+constexpr int kStreamMinBlocks = 2;  // launch bounds: registers for two blocks an SM
+
+// Warps along N: 32 warps_n rows a block, so that x (M rows, staged once a block) is at most a
+// quarter of the bytes of the weights it meets (4 M / rows).
+__host__ __device__ constexpr int stream_warps_n(int m) { return m <= 2 ? 1 : m <= 4 ? 2 : m <= 8 ? 4 : 8; }
+
+struct StreamLayout {
+  int warps_n, warps_k, rows;  // rows = 32 warps_n
+  int pieces;                  // the most pieces (128 k) of any block's K range
+  int groups;                  // groups in `pieces`
+  int x_units;                 // 16-byte units of one staged x row
+  int scale_stride;            // halves of one staged scale row
+  int x_offset, scale_offset, zero_offset, bytes;  // byte offsets into dynamic shared memory
+};
+
+__host__ __device__ inline StreamLayout stream_layout(int m, int k, int group_size, bool sym, int split) {
+  StreamLayout L{};
+  L.warps_n = stream_warps_n(m);
+  L.warps_k = kBlockThreads / 32 / L.warps_n;
+  L.rows = 32 * L.warps_n;
+  const int total = k / kStreamPieceK;
+  L.pieces = (total + split - 1) / split;
+  L.groups = L.pieces * (kStreamPieceK / group_size);
+  L.x_units = 16 * L.pieces + 4;
+  L.scale_stride = L.groups + (6 - L.groups % 4) % 4;
+  L.x_offset = kStreamRingBytes;
+  L.scale_offset = L.x_offset + m * L.x_units * 16;
+  L.zero_offset = L.scale_offset + (L.rows * L.scale_stride * 2 + 15) / 16 * 16;
+  L.bytes = L.zero_offset + (sym ? 0 : L.rows / 8 * L.groups * 4);
+  return L;
+}
+
+namespace detail {
+
+// 16 bytes global -> shared, asynchronously, bypassing L1 (weights are read once), with the
+// 256-byte L2 prefetch the 64-byte row pieces gain from (see load_weights).
+__device__ __forceinline__ void cp_async16(uint4* dst, const uint4* src) {
+#if W4_EMU
+  *dst = *src;
+#else
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if !W4_EMU
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if !W4_EMU
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// A partial sum the previous kernel wrote: a coherent load that stays after pdl_wait (load_x).
+__device__ __forceinline__ float load_partial(const float* p) {
+#if W4_EMU
+  return *p;
+#else
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+#endif
+}
+
+}  // namespace detail
+
+template <typename T, int M_TILE, int G, bool SYM>
+__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) skinny_stream_kernel(const SkinnyParams p) {
+  constexpr int S = kStreamStages, kTiles = M_TILE / 8;
+  constexpr bool kScaleAfter = detail::scale_after_mma(G);  // a piece is one group
+  static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0 && kStreamPieceK % G == 0, "mma tiles; groups tile a piece");
+  W4_DYNAMIC_SHARED(uint4, smem);
+  const StreamLayout L = stream_layout(p.m, p.k, G, SYM, p.split);
+  uint4* xs = smem + L.x_offset / 16;
+  unsigned short* ss = reinterpret_cast<unsigned short*>(smem + L.scale_offset / 16);
+  uint32_t* zs = reinterpret_cast<uint32_t*>(smem + L.zero_offset / 16);
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int quad = lane / 4, t = lane % 4;
+  const int wn = warp % L.warps_n, wk = warp / L.warps_n;
+  const int row_blocks = (p.n + L.rows - 1) / L.rows;
+  const int ks = blockIdx.x / row_blocks, n0 = blockIdx.x % row_blocks * L.rows;
+  const int total = p.k / kStreamPieceK;
+  const int pb0 = static_cast<int>(static_cast<int64_t>(ks) * total / p.split);
+  const int pcount = static_cast<int>(static_cast<int64_t>(ks + 1) * total / p.split) - pb0;
+  const int pw0 = pb0 + wk * pcount / L.warps_k;
+  const int count = pb0 + (wk + 1) * pcount / L.warps_k - pw0;  // the same for the whole warp
+  const int groups = p.k / G, g0 = pb0 * (kStreamPieceK / G), gcount = pcount * (kStreamPieceK / G);
+  const int kc = p.k / kLaneK;  // 16-byte chunks per row
+  pdl_trigger();
+
+  // The lane's copies: rows crow + 8 i of the warp's 32, chunk ccol of each piece. A row past n
+  // reads row n - 1 (valid memory) and is never stored.
+  uint4* ring = smem + warp * S * kStreamSlotUnits;
+  const uint4* src[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = min(n0 + 32 * wn + quad + 8 * i, p.n - 1);
+    src[i] = reinterpret_cast<const uint4*>(p.qweight) + static_cast<int64_t>(row) * kc + t;
+  }
+  auto issue = [&](int f) {  // piece pw0 + f into slot f % S; an empty group past count
+    if (f < count) {
+      uint4* slot = ring + f % S * kStreamSlotUnits;
+      const int off = (pw0 + f) * (kStreamPieceK / kLaneK);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) detail::cp_async16(slot + (quad + 8 * i) * 4 + t, src[i] + off);
+    }
+    detail::cp_async_commit();
+  };
+#pragma unroll
+  for (int f = 0; f < S - 1; ++f) issue(f);
+
+  // Scales and zero points of the block's rows and K range (read-only: before the wait).
+  const unsigned short* scales = static_cast<const unsigned short*>(p.scales);
+  for (int u = threadIdx.x; u < L.rows * gcount; u += kBlockThreads) {
+    const int r = u / gcount, gi = u - r * gcount;
+    ss[r * L.scale_stride + gi] = W4_LDG(scales + static_cast<int64_t>(min(n0 + r, p.n - 1)) * groups + g0 + gi);
+  }
+  if constexpr (!SYM) {
+    for (int u = threadIdx.x; u < L.rows / 8 * gcount; u += kBlockThreads) {
+      const int r = u / gcount, gi = u - r * gcount;
+      zs[r * L.groups + gi] = W4_LDG(p.zeros + static_cast<int64_t>(min(n0 / 8 + r, p.n / 8 - 1)) * groups + g0 + gi);
+    }
+  }
+  pdl_wait();  // x and y only after it
+  {
+    const T* x = static_cast<const T*>(p.x);
+    for (int u = threadIdx.x; u < p.m * 16 * pcount; u += kBlockThreads) {
+      const int m = u / (16 * pcount), r = u - m * 16 * pcount;
+      const int piece = r / 16, j = r / 4 % 4, tt = r % 4;
+      const int k0 = (pb0 + piece) * kStreamPieceK + kLaneK * tt + 8 * j;
+      uint32_t b[4];
+      detail::x_fragments(detail::load_x(reinterpret_cast<const uint4*>(x + m * p.stride_xm + k0)), b);
+      xs[m * L.x_units + r] = make_uint4(b[0], b[1], b[2], b[3]);
+    }
+  }
+  __syncthreads();
+
+  // This lane's x rows quad + 8 bt; a row past m reads row 0 and feeds only columns never stored.
+  const uint4* xl[kTiles];
+#pragma unroll
+  for (int bt = 0; bt < kTiles; ++bt) {
+    const int m = 8 * bt + quad;
+    xl[bt] = xs + (m < p.m ? m : 0) * L.x_units + t;
+  }
+  const int srow = 32 * wn + quad;  // the lane's first row in the block
+  float acc[2][kTiles][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int bt = 0; bt < kTiles; ++bt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][bt][c] = 0.f;
+
+  for (int e = 0; e < count; ++e) {
+    issue(e + S - 1);  // into the slot piece e - 1 used; this lane has read it
+    detail::cp_async_wait<S - 1>();
+    const uint4* slot = ring + e % S * kStreamSlotUnits;
+    const int piece = pw0 + e - pb0;  // in the block's range
+    const int gi = (piece * kStreamPieceK + kLaneK * t) / G;
+    uint4 w[4];
+    uint32_t s[4], s2[4], z[4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      w[a] = slot[(quad + 8 * a) * 4 + t];
+      s[a] = ss[(srow + 8 * a) * L.scale_stride + gi];
+      s2[a] = s[a] * 0x10001u;
+      z[a] = SYM ? 8u : (zs[(srow / 8 + a) * L.groups + gi] >> (4 * quad)) & 0xFu;
+    }
+    float part[2][kTiles][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int bt = 0; bt < kTiles; ++bt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) part[i][bt][c] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t d[4][4];
+#pragma unroll
+      for (int a = 0; a < 4; ++a) detail::a_pairs<T, kScaleAfter>(detail::word(w[a], j), z[a], s2[a], d[a]);
+#pragma unroll
+      for (int bt = 0; bt < kTiles; ++bt) {
+        const uint4 b = xl[bt][16 * piece + 4 * j];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t a_even[4] = {d[2 * i][0], d[2 * i + 1][0], d[2 * i][1], d[2 * i + 1][1]};
+          const uint32_t a_odd[4] = {d[2 * i][2], d[2 * i + 1][2], d[2 * i][3], d[2 * i + 1][3]};
+          float(&c)[4] = kScaleAfter ? part[i][bt] : acc[i][bt];
+          detail::mma16816<T>(c, a_even, b.x, b.y);
+          detail::mma16816<T>(c, a_odd, b.z, b.w);
+        }
+      }
+    }
+    if constexpr (kScaleAfter) {  // C entries 0, 1 are row quad (+ 16 i), 2, 3 row quad + 8
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int bt = 0; bt < kTiles; ++bt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[i][bt][c] += bits_to_float<T>(s[2 * i + c / 2]) * part[i][bt][c];
+    }
+  }
+
+  // Partial sums [warps_k][rows][M_TILE] over the rings, once every warp is done with its ring.
+  float* red = reinterpret_cast<float*>(smem);
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int bt = 0; bt < kTiles; ++bt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        red[(wk * L.rows + srow + 16 * i + 8 * (c / 2)) * M_TILE + 8 * bt + 2 * t + c % 2] = acc[i][bt][c];
+  __syncthreads();
+  T* __restrict__ y = static_cast<T*>(p.y);
+  const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
+  for (int idx = threadIdx.x; idx < L.rows * p.m; idx += kBlockThreads) {
+    const int m = idx / L.rows, r = idx - m * L.rows, n = n0 + r;
+    if (n >= p.n) continue;
+    float v = 0.f;
+    for (int w = 0; w < L.warps_k; ++w) v += red[(w * L.rows + r) * M_TILE + m];
+    if (p.split > 1) {
+      p.partials[(static_cast<int64_t>(ks) * p.m + m) * p.n + n] = v;
+    } else {
+      if (bias != nullptr) v += bits_to_float<T>(detail::load_bias(bias + n));
+      y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
+    }
+  }
+}
+
+// y = the split partial sums of skinny_stream_kernel, added in split order, + bias.
+template <typename T>
+__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) skinny_stream_reduce_kernel(const SkinnyParams p) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t mn = static_cast<int64_t>(p.m) * p.n;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
+  if (idx >= mn) return;
+  float v = 0.f;
+  for (int s = 0; s < p.split; ++s) v += detail::load_partial(p.partials + s * mn + idx);
+  if (p.bias != nullptr) {
+    v += bits_to_float<T>(detail::load_bias(static_cast<const unsigned short*>(p.bias) + idx % p.n));
+  }
+  static_cast<T*>(p.y)[idx] = from_float<T>(v);
+}
+#endif  // !W4_HIP
+
 // ---------------------------------------------------------------------------------------------
 // Host side: pick the K split and the template instance. Torch-free, so the CI compile check
 // instantiates exactly what the extension ships (launch_skinny<half_t>, launch_skinny<bf16_t>).
@@ -1026,6 +1331,55 @@ inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int var
   int split = 1;
   while (split < warps && (n + rows / split - 1) / (rows / split) < target_blocks) split *= 2;
   return split;
+}
+
+#if !W4_HIP
+// The streaming kernel's split (blocks along K), from a model of its time in microseconds:
+//  * weights at 4 TB/s, spread over SMs in whole blocks: the most loaded SM sets the time
+//    (ceil(blocks / num_sms) blocks' bytes at an SM's share), and an SM with fewer than 1.5 blocks
+//    on average is taken to reach 1/1.15 of its share (one block's ring in flight);
+//  * split > 1 adds the partial sums (16 M split / K of the weight bytes, written and read at
+//    about twice HBM speed in L2) and the reduce kernel's launch (1.5 us);
+// among the splits whose shared memory fits max_shared and that leave every warp a piece. A
+// larger split must win by 2%.
+inline int choose_stream_split(int n, int m, int k, int group_size, bool sym, int num_sms, int max_shared) {
+  const int warps_k = kBlockThreads / 32 / stream_warps_n(m);
+  const int rows = 32 * stream_warps_n(m);
+  const int total = k / kStreamPieceK;
+  const int row_blocks = (n + rows - 1) / rows;
+  const double weight_us = static_cast<double>(n) * k / 2 / 4.0e6;
+  double best = 0.0;
+  int best_split = 0;
+  for (int split = 1; split <= total && (split == 1 || split * warps_k <= total); ++split) {
+    if (stream_layout(m, k, group_size, sym, split).bytes > max_shared) continue;
+    const double per_sm = static_cast<double>(row_blocks) * split / num_sms;
+    double time = weight_us * std::ceil(per_sm) / per_sm * (per_sm < 1.5 ? 1.15 : 1.0);
+    if (split > 1) time += weight_us * 16.0 * m * split / k * 0.5 + 1.5;
+    if (best_split == 0 || time < best * 0.98) {
+      best = time;
+      best_split = split;
+    }
+  }
+  return best_split > 0 ? best_split : total;
+}
+#endif
+
+// p.split for a call whose p.variant is settled and whose other fields are set.
+// max_shared: the device's dynamic shared memory a block may opt into.
+inline int plan_split(const SkinnyParams& p, int num_sms, int warp_size, int max_shared) {
+#if !W4_HIP
+  if (p.variant == kVariantStream) {
+    return choose_stream_split(p.n, p.m, p.k, p.group_size, p.zeros == nullptr, num_sms, max_shared);
+  }
+#else
+  (void)max_shared;
+#endif
+  return choose_split(p.n, p.m, p.k, num_sms, warp_size, p.variant);
+}
+
+// fp32 elements of p.partials the call needs (0: none).
+inline int64_t stream_workspace_floats(const SkinnyParams& p) {
+  return p.variant == kVariantStream && p.split > 1 ? static_cast<int64_t>(p.split) * p.m * p.n : 0;
 }
 
 namespace detail {
@@ -1092,6 +1446,27 @@ void launch_seg_tile(const SkinnyParams& p, stream_t stream) {
   launch_seg_kernel<T, M_PAD, G, SYM, false>(p, blocks, 0, stream);
 }
 
+template <typename T, int M_TILE, int G, bool SYM>
+void launch_stream_tile(const SkinnyParams& p, stream_t stream) {
+  const auto kernel = skinny_stream_kernel<T, M_TILE, G, SYM>;
+  const StreamLayout L = stream_layout(p.m, p.k, G, SYM, p.split);
+#if !W4_EMU
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.bytes);
+#endif
+  launch_kernel(kernel, (p.n + L.rows - 1) / L.rows * p.split, L.bytes, p, stream);
+  if (p.split > 1) {
+    const int64_t outputs = static_cast<int64_t>(p.m) * p.n;
+    launch_kernel(skinny_stream_reduce_kernel<T>, static_cast<int>((outputs + kBlockThreads - 1) / kBlockThreads), 0,
+                  p, stream);
+  }
+}
+
+template <typename T, int G, bool SYM>
+void launch_stream(const SkinnyParams& p, stream_t stream) {
+  if (p.m <= 8) return launch_stream_tile<T, 8, G, SYM>(p, stream);
+  launch_stream_tile<T, 16, G, SYM>(p, stream);
+}
+
 template <typename T, int G, bool SYM>
 void launch_seg(const SkinnyParams& p, stream_t stream) {
   switch (seg_m_pad(p.m)) {
@@ -1125,7 +1500,22 @@ void launch_m(const SkinnyParams& p, stream_t stream) {
 // (T, E, V) in its own translation unit (skinny_inst_v*.cu, declared in skinny_instances.h).
 template <typename T, Engine E, int V>
 void launch_variant(const SkinnyParams& p, stream_t stream) {
-  if constexpr (is_seg(V)) {
+  if constexpr (V == kVariantStream) {
+#if W4_HIP
+    return launch_variant<T, E, kVariantRegs>(p, stream);
+#else
+    if constexpr (E != Engine::kMma) {
+      return launch_variant<T, E, kVariantRegs>(p, stream);
+    } else {
+      const bool sym = p.zeros == nullptr;
+      switch (p.group_size) {
+        case 32: return sym ? launch_stream<T, 32, true>(p, stream) : launch_stream<T, 32, false>(p, stream);
+        case 64: return sym ? launch_stream<T, 64, true>(p, stream) : launch_stream<T, 64, false>(p, stream);
+        default: return sym ? launch_stream<T, 128, true>(p, stream) : launch_stream<T, 128, false>(p, stream);
+      }
+    }
+#endif
+  } else if constexpr (is_seg(V)) {
 #if W4_HIP
     return launch_variant<T, E, kVariantRegs>(p, stream);
 #else
@@ -1165,6 +1555,7 @@ void launch_engine(const SkinnyParams& p, stream_t stream) {
     case kVariantRegs: return launch_variant<T, E, kVariantRegs>(p, stream);
     case kVariantSeg: return launch_variant<T, E, kVariantSeg>(p, stream);
     case kVariantSegXs: return launch_variant<T, E, kVariantSegXs>(p, stream);
+    case kVariantStream: return launch_variant<T, E, kVariantStream>(p, stream);
     default: return launch_variant<T, E, kVariantBase>(p, stream);
   }
 }
@@ -1172,8 +1563,8 @@ void launch_engine(const SkinnyParams& p, stream_t stream) {
 }  // namespace detail
 
 // The caller has validated p (1 <= m <= kMaxM, group_size in {32, 64, 128}, alignment), resolved
-// and settled p.variant (settle_variant(resolve_variant(...), ...)) and set p.split, e.g. from
-// choose_split(p.n, p.m, p.k, ..., p.variant). kMma
+// and settled p.variant (settle_variant(resolve_variant(...), ...)), set p.split (plan_split) and,
+// where stream_workspace_floats(p) > 0, p.partials. kMma
 // needs CUDA sm_80+; on HIP only kSimt is compiled.
 template <typename T>
 void launch_skinny(const SkinnyParams& p, Engine engine, stream_t stream) {

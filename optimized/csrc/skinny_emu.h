@@ -184,6 +184,7 @@ inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
 }
 
 inline void syncthreads() { self.block->sync.arrive_and_wait(); }
+inline void syncwarp() { my_warp().sync.arrive_and_wait(); }
 
 template <typename P>
 void launch(void (*kernel)(P), int blocks, int threads, const P& p, int shared_bytes = 0) {
@@ -211,6 +212,7 @@ void launch(void (*kernel)(P), int blocks, int threads, const P& p, int shared_b
 #define blockIdx (w4emu_dim{w4emu::self.bid})
 
 inline void __syncthreads() { w4emu::syncthreads(); }
+inline void __syncwarp() { w4emu::syncwarp(); }
 inline float __shfl_xor_sync(unsigned, float v, int mask) { return w4emu::shfl_xor(v, mask); }
 template <typename T>
 inline T __ldg(const T* p) {

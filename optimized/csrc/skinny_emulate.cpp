@@ -1,11 +1,11 @@
 // Runs one call of the skinny kernel on the CPU emulation (skinny_emu.h), through the same host
-// dispatch as the extension (resolve_variant, settle_variant, choose_split, launch_skinny). Built and driven by
+// dispatch as the extension (resolve_variant, settle_variant, plan_split, launch_skinny). Built and driven by
 // tests/test_skinny_compile.py; not part of the extension.
 //
 //   skinny_emulate IN OUT
 //
 // IN: 13 int64 [m, n, k, group_size, is_bf16, symmetric, has_bias, stride_xm, variant (-1: the
-// default), engine, num_sms, scale_offset, split (0: choose_split's)], then little-endian arrays:
+// default), engine, num_sms, scale_offset, split (0: plan_split's)], then little-endian arrays:
 // x (m * stride_xm u16), qweight (n * k / 8 u32), scales (n * k / group_size u16), zeros
 // (n / 8 * k / group_size u32, asymmetric only), bias (n u16, if any). scale_offset > 0 places
 // the scales that many elements into their buffer (a view only 2-byte aligned). OUT: y (m * n
@@ -74,9 +74,11 @@ int main(int argc, char** argv) {
   p.group_size = static_cast<int>(g);
   const w4::Engine engine = h[9] ? w4::Engine::kMma : w4::Engine::kSimt;
   p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(h[8]), p.m), p.m,
-                                 engine == w4::Engine::kMma);
-  p.split = h[12] > 0 ? static_cast<int>(h[12])
-                      : w4::choose_split(p.n, p.m, p.k, static_cast<int>(h[10]), 32, p.variant);
+                                 engine == w4::Engine::kMma, p.k);
+  // The H100/H200 opt-in limit of dynamic shared memory a block.
+  p.split = h[12] > 0 ? static_cast<int>(h[12]) : w4::plan_split(p, static_cast<int>(h[10]), 32, 227 * 1024);
+  std::vector<float> partials(static_cast<size_t>(w4::stream_workspace_floats(p)));
+  p.partials = partials.empty() ? nullptr : partials.data();
 
   auto run = std::async(std::launch::async, [&] {
     if (bf16) {
