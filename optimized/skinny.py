@@ -79,13 +79,13 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 torch.library.define(
     OP,
     "(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, int group_size, Tensor? bias=None, "
-    "str engine='auto', int variant=-1, str overlap='none') -> Tensor",
+    "str engine='auto', int variant=-1, str overlap='none', int split=0) -> Tensor",
 )
 
 
 @torch.library.register_fake(OP)
 def _skinny_matmul_fake(x, qweight, scales, zeros, group_size, bias=None, engine="auto", variant=-1,
-                        overlap="none"):
+                        overlap="none", split=0):
     torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
     m, k = x.shape
     torch._check(1 <= m, lambda: "x must have at least one row")
@@ -168,7 +168,7 @@ def is_available() -> tuple[bool, str]:
 
 def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                   group_size: int, bias: torch.Tensor | None = None, *, engine: str = "auto",
-                  variant: int = -1, overlap: str = "none") -> torch.Tensor:
+                  variant: int = -1, overlap: str = "none", split: int = 0) -> torch.Tensor:
     """y = x @ W^T + bias for decode batches (M <= MAX_M), W[n, k] = (q - z) * s per group.
 
     Arguments follow optimized/contract.py (dtypes, shapes, packing), with these limits:
@@ -182,6 +182,8 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     them (weights prepared once; a host synchronize after writing them is enough). In a CUDA
     graph of back-to-back calls on the H200 it took 0.74-1.00x the time of "none"
     (bench/results/h200/overlap_h200.md).
+    split: for benchmarking the "stream" variant: its blocks along K (1 to K/128, within the
+    device's shared memory); 0 (the default) takes the kernel's plan. Other variants take 0 only.
     Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics). Row i is bit-identical
     for every M that runs the same kernel configuration (under the default, same_rows_ranges: M 1,
     2, 3..4, 5..8 and 9..16 on the tensor cores, 1..8 and 9..16 on the simt engine);
@@ -201,9 +203,13 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
         raise ContractError(f"variant must be -1 (the default) or in [0, {len(VARIANTS)}), got {variant!r}")
     if overlap not in OVERLAPS:
         raise ContractError(f"overlap must be one of {OVERLAPS}, got {overlap!r}")
+    if not isinstance(split, int) or split < 0 or (split > 0 and variant != VARIANTS.index("stream")):
+        raise ContractError(f"split must be 0 (the plan's), or at least 1 with variant={VARIANTS.index('stream')} "
+                            f"(stream), got split={split!r} with variant={variant!r}")
     if x.device.type != "cuda":
         raise SkinnyUnavailable(f"skinny_matmul runs on CUDA/ROCm devices, got x on {x.device}")
     if x.data_ptr() % ROW_ALIGN_BYTES or (problem.m > 1 and x.stride(0) * x.element_size() % ROW_ALIGN_BYTES):
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation is aligned
     build()
-    return torch.ops.w4a16.skinny_matmul(x, qweight, scales, zeros, group_size, bias, engine, variant, overlap)
+    return torch.ops.w4a16.skinny_matmul(x, qweight, scales, zeros, group_size, bias, engine, variant, overlap,
+                                         split)

@@ -444,6 +444,8 @@ REJECTED = [
     pytest.param(dict(variant=len(skinny.VARIANTS)), "variant must be -1", id="variant-out-of-range"),
     pytest.param(dict(variant=-2), "variant must be -1", id="variant-negative"),
     pytest.param(dict(overlap="early"), "overlap must be one of", id="unknown-overlap"),
+    pytest.param(dict(split=2), r"split must be 0 \(the plan's\), or at least 1 with variant=4", id="split-not-stream"),
+    pytest.param(dict(split=-1, variant=4), "split must be 0", id="split-negative"),
 ]
 
 

@@ -25,7 +25,7 @@ bool rows_aligned(const void* ptr, int64_t row_stride, int64_t rows, int64_t ele
 at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                               const std::optional<at::Tensor>& zeros, int64_t group_size,
                               const std::optional<at::Tensor>& bias, c10::string_view engine, int64_t variant,
-                              c10::string_view overlap) {
+                              c10::string_view overlap, int64_t split) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16),
               "skinny_matmul: x must be float16 or bfloat16 [M, K], got ", x.scalar_type(), " ", x.sizes());
   const int64_t m = x.size(0), k = x.size(1);
@@ -128,8 +128,21 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   p.group_size = static_cast<int>(group_size);
   p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(variant), p.m), p.m,
                                  kind == w4::Engine::kMma, p.k);
-  p.split = w4::plan_split(p, prop->multiProcessorCount, prop->warpSize,
-                           static_cast<int>(prop->sharedMemPerBlockOptin));
+  const int max_shared = static_cast<int>(prop->sharedMemPerBlockOptin);
+  TORCH_CHECK(split >= 0, "skinny_matmul: split must be 0 (the plan's) or positive, got ", split);
+  TORCH_CHECK(split == 0 || variant == w4::kVariantStream,
+              "skinny_matmul: split must be 0 (the plan's) unless variant is ", w4::kVariantStream, " (stream), got split=",
+              split, " with variant=", variant);
+  if (split > 0 && p.variant == w4::kVariantStream) {
+    TORCH_CHECK(split <= k / w4::kStreamPieceK, "skinny_matmul: the stream variant's split must be in [1, K/",
+                w4::kStreamPieceK, "] = [1, ", k / w4::kStreamPieceK, "], got ", split);
+    const int shared = w4::stream_layout(p.m, p.k, p.group_size, !zeros.has_value(), static_cast<int>(split)).bytes;
+    TORCH_CHECK(shared <= max_shared, "skinny_matmul: the stream variant at split ", split, " needs ", shared,
+                " bytes of shared memory a block, the device allows ", max_shared, " (use a larger split)");
+    p.split = static_cast<int>(split);
+  } else {
+    p.split = w4::plan_split(p, prop->multiProcessorCount, prop->warpSize, max_shared);
+  }
   at::Tensor partials;  // kept alive until the launches are queued; the stream orders its reuse
   if (const int64_t floats = w4::stream_workspace_floats(p); floats > 0) {
     partials = at::empty({floats}, x.options().dtype(at::kFloat));

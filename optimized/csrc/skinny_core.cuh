@@ -992,36 +992,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 }
 #endif  // !W4_HIP
 
-#if !W4_HIP
-// ---------------------------------------------------------------------------------------------
-// The streaming kernel (kVariantStream; mma engine, K % kStreamPieceK == 0, M <= kMaxM).
-//
-// Why: the register-ring kernels keep at most 2-3 iterations of loads in flight per lane, bounded
-// by registers; on the H200 they drew 61% of DRAM bandwidth at M = 1 (ncu_pipes_s17.txt), and at
-// M > 4 every warp re-read x from L1. Here the ring lives in shared memory (kStreamStages slots of
-// 32 rows x 128 k per warp, filled by cp.async), and x is read from a permuted shared copy that
-// every warp of the block shares.
-//
-// Block: kBlockThreads / 32 warps, warps_n along N (32 rows each: two 16-row A tiles) and
-// warps_k = 8 / warps_n along K. It owns rows [n0, n0 + 32 warps_n) and the K range of its split
-// index ks: pieces [ks P / split, (ks + 1) P / split) of the P = K / 128 pieces; warp wk takes a
-// contiguous share of those pieces. Fragment map: the mma kernels' (lane 4 quad + t holds rows
-// quad + 8 a, a < 4, chunk t of each piece; logical k of steps 2j, 2j + 1 are nibbles of word j).
-// Each lane copies exactly the 16-byte chunks it later reads (row crow + 8 i, chunk ccol of the
-// slot), so a lane's own cp.async.wait_group makes its data visible, with no warp barrier.
-//
-// Shared memory (stream_layout): the rings, then x rows m < M in B-fragment order (unit
-// (m, piece, j, t) holds x_fragments of x[m][k0 + 32 t + 8 j ..]: lanes read consecutive units,
-// and a row's stride is 16 P_block + 4 units, so rows quad and quad + 1 fall in different banks),
-// then scales [rows][scale_stride] (a stride = 2 mod 4 halves puts the 8 quads' rows in 8 banks),
-// then zero-point words [rows / 8][groups]. After the main loop the rings hold the warps_k partial
-// sums of each output, added in warp order.
-//
-// Outputs: split == 1: y = sums + bias, rounded once. split > 1: the block writes its fp32 sums
-// to partials[ks], and skinny_stream_reduce_kernel adds the split of them in ks order plus bias.
-// No atomics: the result is deterministic, and row i depends on M only through the plan
-// (stream_warps_n(m) and the split).
-
+// The streaming kernel's tiling and shared-memory layout (host and device; see below).
 constexpr int kStreamStages = 4;                              // ring slots per warp
 constexpr int kStreamSlotUnits = 32 * kStreamPieceK / 32;     // 16-byte units a slot: 32 rows x 4
 constexpr int kStreamRingBytes = kBlockThreads / 32 * kStreamStages * kStreamSlotUnits * 16;
@@ -1056,6 +1027,36 @@ __host__ __device__ inline StreamLayout stream_layout(int m, int k, int group_si
   L.bytes = L.zero_offset + (sym ? 0 : L.rows / 8 * L.groups * 4);
   return L;
 }
+
+#if !W4_HIP
+// ---------------------------------------------------------------------------------------------
+// The streaming kernel (kVariantStream; mma engine, K % kStreamPieceK == 0, M <= kMaxM).
+//
+// Why: the register-ring kernels keep at most 2-3 iterations of loads in flight per lane, bounded
+// by registers; on the H200 they drew 61% of DRAM bandwidth at M = 1 (ncu_pipes_s17.txt), and at
+// M > 4 every warp re-read x from L1. Here the ring lives in shared memory (kStreamStages slots of
+// 32 rows x 128 k per warp, filled by cp.async), and x is read from a permuted shared copy that
+// every warp of the block shares.
+//
+// Block: kBlockThreads / 32 warps, warps_n along N (32 rows each: two 16-row A tiles) and
+// warps_k = 8 / warps_n along K. It owns rows [n0, n0 + 32 warps_n) and the K range of its split
+// index ks: pieces [ks P / split, (ks + 1) P / split) of the P = K / 128 pieces; warp wk takes a
+// contiguous share of those pieces. Fragment map: the mma kernels' (lane 4 quad + t holds rows
+// quad + 8 a, a < 4, chunk t of each piece; logical k of steps 2j, 2j + 1 are nibbles of word j).
+// Each lane copies exactly the 16-byte chunks it later reads (row crow + 8 i, chunk ccol of the
+// slot), so a lane's own cp.async.wait_group makes its data visible, with no warp barrier.
+//
+// Shared memory (stream_layout): the rings, then x rows m < M in B-fragment order (unit
+// (m, piece, j, t) holds x_fragments of x[m][k0 + 32 t + 8 j ..]: lanes read consecutive units,
+// and a row's stride is 16 P_block + 4 units, so rows quad and quad + 1 fall in different banks),
+// then scales [rows][scale_stride] (a stride = 2 mod 4 halves puts the 8 quads' rows in 8 banks),
+// then zero-point words [rows / 8][groups]. After the main loop the rings hold the warps_k partial
+// sums of each output, added in warp order.
+//
+// Outputs: split == 1: y = sums + bias, rounded once. split > 1: the block writes its fp32 sums
+// to partials[ks], and skinny_stream_reduce_kernel adds the split of them in ks order plus bias.
+// No atomics: the result is deterministic, and row i depends on M only through the plan
+// (stream_warps_n(m) and the split).
 
 namespace detail {
 
