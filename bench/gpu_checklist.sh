@@ -8,7 +8,8 @@
 # skinny-sanitize (memcheck on boundary shapes), skinny-overlap (programmatic dependent launch: the
 # graph chain check and each overlap mode's timing, bench/overlap_h200.py), triton (full parity matrix, then timing against
 # the peers for the rest of TRITON_BUDGET_S), triton-sanitize, skinny-variants and
-# triton-variants (compare kernel variants / tile candidates, for retuning); reliability (issue 8:
+# triton-variants (compare kernel variants / tile candidates, for retuning), skinny-stream-split
+# (the stream variant's planned K split against every forced split); reliability (issue 8:
 # long fuzz run, large indices, determinism; bench/reliability_h200.py), reliability-memcheck and
 # racecheck (its sanitizer sweep of both kernels under memcheck / racecheck, one log per tool and
 # kernel family; racecheck is slow, so it takes the small sweep); hybrid (the hybrid op: opcheck
@@ -33,6 +34,7 @@ for part in ${PARTS:-skinny skinny-sanitize skinny-overlap triton triton-sanitiz
                        --out "$out" > "$out/skinny_sanitize.log" 2>&1; tail -5 "$out/skinny_sanitize.log" ;;
     triton) python3 bench/triton_h200.py --out "$out" --sections parity,timing --budget-s "${TRITON_BUDGET_S:-450}" ;;
     skinny-variants) python3 bench/skinny_h200.py --variants --out "$out" ;;
+    skinny-stream-split) python3 bench/stream_split_h200.py --out "$out" 2>&1 | tee "$out/stream_split_log.txt" ;;
     skinny-overlap) python3 bench/overlap_h200.py --out "$out" 2>&1 | tee "$out/overlap_log.txt" ;;
     triton-variants) python3 bench/triton_h200.py --sections variants --out "$out" ;;
     triton-sanitize) compute-sanitizer --tool memcheck --error-exitcode 3 python3 bench/triton_h200.py --sanitize \

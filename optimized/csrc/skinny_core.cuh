@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "compat.h"
 
@@ -1002,6 +1003,11 @@ constexpr int kStreamMinBlocks = 2;  // launch bounds: registers for two blocks 
 // quarter of the bytes of the weights it meets (4 M / rows).
 __host__ __device__ constexpr int stream_warps_n(int m) { return m <= 2 ? 1 : m <= 4 ? 2 : m <= 8 ? 4 : 8; }
 
+// The largest M with m's block layout (M 1..2, 3..4, 5..8, 9..16 share one each). The split is
+// planned for it, so that every M of a bucket runs the same tiles, split and summation order, and
+// row i of the output does not depend on M within the bucket.
+__host__ __device__ constexpr int stream_bucket_m(int m) { return m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : kMaxM; }
+
 struct StreamLayout {
   int warps_n, warps_k, rows;  // rows = 32 warps_n
   int pieces;                  // the most pieces (128 k) of any block's K range
@@ -1178,13 +1184,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) skinny_stream_
     xl[bt] = xs + (m < p.m ? m : 0) * L.x_units + t;
   }
   const int srow = 32 * wn + quad;  // the lane's first row in the block
-  float acc[2][kTiles][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int bt = 0; bt < kTiles; ++bt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][bt][c] = 0.f;
+  float acc[2][kTiles][4] = {};
 
   for (int e = 0; e < count; ++e) {
     issue(e + S - 1);  // into the slot piece e - 1 used; this lane has read it
@@ -1201,13 +1201,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) skinny_stream_
       s2[a] = s[a] * 0x10001u;
       z[a] = SYM ? 8u : (zs[(srow / 8 + a) * L.groups + gi] >> (4 * quad)) & 0xFu;
     }
-    float part[2][kTiles][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int bt = 0; bt < kTiles; ++bt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) part[i][bt][c] = 0.f;
+    float part[2][kTiles][4] = {};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t d[4][4];
@@ -1342,8 +1336,10 @@ inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int var
 //  * split > 1 adds the partial sums (16 M split / K of the weight bytes, written and read at
 //    about twice HBM speed in L2) and the reduce kernel's launch (1.5 us);
 // among the splits whose shared memory fits max_shared and that leave every warp a piece. A
-// larger split must win by 2%.
-inline int choose_stream_split(int n, int m, int k, int group_size, bool sym, int num_sms, int max_shared) {
+// larger split must win by 2%. Planned for stream_bucket_m(m), so the split is the same for
+// every M of a bucket.
+inline int choose_stream_split(int n, int m_call, int k, int group_size, bool sym, int num_sms, int max_shared) {
+  const int m = stream_bucket_m(m_call);
   const int warps_k = kBlockThreads / 32 / stream_warps_n(m);
   const int rows = 32 * stream_warps_n(m);
   const int total = k / kStreamPieceK;
@@ -1497,40 +1493,37 @@ void launch_m(const SkinnyParams& p, stream_t stream) {
   }
 }
 
+// f(std::integral_constant<int, G>, std::bool_constant<SYM>) for p's group size and symmetry,
+// so that each kernel family instantiates all six (G, SYM) pairs in one place.
+template <typename F>
+void with_group(const SkinnyParams& p, F&& f) {
+  const bool sym = p.zeros == nullptr;
+  switch (p.group_size) {
+    case 32: return sym ? f(std::integral_constant<int, 32>{}, std::true_type{})
+                        : f(std::integral_constant<int, 32>{}, std::false_type{});
+    case 64: return sym ? f(std::integral_constant<int, 64>{}, std::true_type{})
+                        : f(std::integral_constant<int, 64>{}, std::false_type{});
+    default: return sym ? f(std::integral_constant<int, 128>{}, std::true_type{})
+                        : f(std::integral_constant<int, 128>{}, std::false_type{});
+  }
+}
+
 // Every kernel of one variant and engine for element type T. The extension compiles each
 // (T, E, V) in its own translation unit (skinny_inst_v*.cu, declared in skinny_instances.h).
 template <typename T, Engine E, int V>
 void launch_variant(const SkinnyParams& p, stream_t stream) {
-  if constexpr (V == kVariantStream) {
+  if constexpr (V == kVariantStream || is_seg(V)) {  // mma-engine kernels; other engines run regs_s4
 #if W4_HIP
     return launch_variant<T, E, kVariantRegs>(p, stream);
 #else
     if constexpr (E != Engine::kMma) {
       return launch_variant<T, E, kVariantRegs>(p, stream);
-    } else {
-      const bool sym = p.zeros == nullptr;
-      switch (p.group_size) {
-        case 32: return sym ? launch_stream<T, 32, true>(p, stream) : launch_stream<T, 32, false>(p, stream);
-        case 64: return sym ? launch_stream<T, 64, true>(p, stream) : launch_stream<T, 64, false>(p, stream);
-        default: return sym ? launch_stream<T, 128, true>(p, stream) : launch_stream<T, 128, false>(p, stream);
-      }
-    }
-#endif
-  } else if constexpr (is_seg(V)) {
-#if W4_HIP
-    return launch_variant<T, E, kVariantRegs>(p, stream);
-#else
-    if constexpr (E != Engine::kMma) {
-      return launch_variant<T, E, kVariantRegs>(p, stream);
+    } else if constexpr (V == kVariantStream) {
+      with_group(p, [&](auto g, auto sym) { launch_stream<T, decltype(g)::value, decltype(sym)::value>(p, stream); });
     } else {
       if (p.m > kSegMaxM) return launch_variant<T, E, kVariantRegs>(p, stream);
       if (static_cast<int64_t>(p.n) * (p.k / kLaneK) > INT32_MAX) return launch_variant<T, E, kVariantBase>(p, stream);
-      const bool sym = p.zeros == nullptr;
-      switch (p.group_size) {
-        case 32: return sym ? launch_seg<T, 32, true>(p, stream) : launch_seg<T, 32, false>(p, stream);
-        case 64: return sym ? launch_seg<T, 64, true>(p, stream) : launch_seg<T, 64, false>(p, stream);
-        default: return sym ? launch_seg<T, 128, true>(p, stream) : launch_seg<T, 128, false>(p, stream);
-      }
+      with_group(p, [&](auto g, auto sym) { launch_seg<T, decltype(g)::value, decltype(sym)::value>(p, stream); });
     }
 #endif
   } else {
@@ -1541,12 +1534,7 @@ void launch_variant(const SkinnyParams& p, stream_t stream) {
         return launch_variant<T, E, kVariantBase>(p, stream);
       }
     }
-    const bool sym = p.zeros == nullptr;
-    switch (p.group_size) {
-      case 32: return sym ? launch_m<T, 32, true, E, V>(p, stream) : launch_m<T, 32, false, E, V>(p, stream);
-      case 64: return sym ? launch_m<T, 64, true, E, V>(p, stream) : launch_m<T, 64, false, E, V>(p, stream);
-      default: return sym ? launch_m<T, 128, true, E, V>(p, stream) : launch_m<T, 128, false, E, V>(p, stream);
-    }
+    with_group(p, [&](auto g, auto sym) { launch_m<T, decltype(g)::value, decltype(sym)::value, E, V>(p, stream); });
   }
 }
 
