@@ -5,7 +5,7 @@
 
 Each variant's translation unit (csrc/skinny_inst_v*.cu) is compiled for sm_90 with nvcc and the
 flags an extension build adds, disassembled with the cuobjdump Triton ships, and the main loop of
-each kernel the default policy runs (the longest backward branch, bench/triton_sass.loop_opcodes)
+each kernel the default policy runs (the longest backward branch, bench/sass_tools.loop_opcodes)
 is counted by opcode. "Per weight" divides by the weight elements one lane handles per trip of
 that loop, so at M = 16 it is the cost of a weight for all 16 rows of x.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.triton_sass import cuobjdump, loop_opcodes  # noqa: E402
+from bench.sass_tools import cuobjdump, loop_opcodes  # noqa: E402
 from optimized import skinny  # noqa: E402
 
 CORE = skinny.CSRC / "skinny_core.cuh"

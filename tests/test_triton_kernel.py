@@ -400,7 +400,7 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from bench.triton_sass import cubin_resources
+    from bench.sass_tools import cubin_resources
 
     backend, arch, warp = target.split(":")
     gpu = GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))
