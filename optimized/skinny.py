@@ -35,6 +35,9 @@ VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs", "stream")
 # M <= SEG_MAX_M, regs_s4 up to REGS_MAX_M, base above (csrc/skinny_core.cuh default_variant,
 # from the H200 comparisons in bench/results/h200/). default_variant(m) mirrors it for reports.
 DEFAULT_VARIANT = -1
+# The "stream" variant's M buckets (csrc/skinny_core.cuh stream_bucket_m): every M of a bucket runs
+# the same block tiles and K split, so row i of its output is bit-identical across them.
+STREAM_BUCKETS = ((1, 2), (3, 4), (5, 8), (9, 16))
 REGS_MAX_M = 8
 SEG_MAX_M = 4
 SEG_XS_MAX_BYTES = 96 * 1024

@@ -14,7 +14,8 @@ What each kernel promises about M (and so what is tested):
   its tile table; across a bucket edge only within the error bound.
 * skinny (csrc/skinny_core.cuh): deterministic; rows are computed independently, and the kernel,
   split and mma tile depend on M only through default_variant and the segmented kernel's padded
-  M, so M invariance is tested within each of optimized.skinny.same_rows_ranges.
+  M, so M invariance is tested within each of optimized.skinny.same_rows_ranges; its "stream"
+  variant within each of optimized.skinny.STREAM_BUCKETS.
 * the reference: fp64 torch matmul, row by row independent of M.
 """
 
@@ -200,6 +201,20 @@ def test_skinny_rows_independent(plain_emulator, tmp_path, engine, dtype, lo, hi
 def test_skinny_same_rows_within_a_range(plain_emulator, tmp_path, engine, dtype, lo, hi):
     run, x = skinny_run(plain_emulator, tmp_path, engine, dtype, seed=lo)
     assert_same_rows_for_every_m(run, x, tuple(sorted({lo, (lo + hi) // 2, hi})))
+
+
+@pytest.mark.parametrize("lo, hi", skinny.STREAM_BUCKETS, ids=lambda v: str(v))
+def test_skinny_stream_same_rows_within_a_bucket(plain_emulator, tmp_path, lo, hi):
+    """The stream variant plans its split for the bucket, not for M, so both ends of a bucket run
+    the same split and rows keep their bits. At K = 4096 on one SM, x of M = 9 fits the shared
+    memory of split 1 and M = 16 does not: a plan that followed M would split them differently."""
+    w, x, bias = problem(SN, 4096, SG, skinny.MAX_M, torch.bfloat16, seed=hi)
+    kw = to_kernel_layout(w, torch.bfloat16)
+    stream = skinny.VARIANTS.index("stream")
+    runs = {m: emulate_call(plain_emulator, tmp_path, x[:m], kw, bias, variant=stream, engine="mma", num_sms=1)
+            for m in (lo, hi)}
+    assert runs[lo][1] == runs[hi][1], f"M={lo} ran {runs[lo][1]}, M={hi} ran {runs[hi][1]}"
+    assert bit_equal(runs[lo][0], runs[hi][0][:lo]), first_difference(runs[lo][0], runs[hi][0][:lo])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -309,6 +309,8 @@ def test_python_limits_match_the_kernel():
     enum = re.search(r"enum Variant : int \{ (.*) \};", core).group(1)
     assert [int(v) for v in re.findall(r"kVariant\w+ = (\d+)", enum)] == list(range(len(skinny.VARIANTS)))
     assert int(re.search(r"kSegMaxM = (\d+);", core).group(1)) == skinny.SEG_MAX_M
+    bucket = re.search(r"stream_bucket_m\(int m\) \{ return m <= 2 \? 2 : m <= 4 \? 4 : m <= 8 \? 8 : kMaxM; \}", core)
+    assert bucket and skinny.STREAM_BUCKETS == ((1, 2), (3, 4), (5, 8), (9, skinny.MAX_M))
     xs_kib = int(re.search(r"kSegXsMaxBytes = (\d+) \* 1024;", core).group(1))
     assert xs_kib * 1024 == skinny.SEG_XS_MAX_BYTES
     assert re.search(r"return m <= kSegMaxM \? kVariantSegXs : m <= kRegsMaxM \? kVariantRegs : kVariantBase;",
