@@ -29,11 +29,11 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # stream through a shared-memory ring per warp by asynchronous copies, x, scales and zero points
 # are staged in shared memory once a block, and blocks split K (a second kernel adds their fp32
 # partial sums in a fixed order) where that fills the GPU better (mma engine at K % 128 == 0,
-# every M; other calls run regs_s4).
+# every M; other calls run regs_s4 up to REGS_MAX_M, base above).
 VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs", "stream")
 # variant=-1 (the default) picks per call in the kernel's host dispatch: seg_xs at
-# M <= SEG_MAX_M, regs_s4 up to REGS_MAX_M, base above (csrc/skinny_core.cuh default_variant,
-# from the H200 comparisons in bench/results/h200/). default_variant(m) mirrors it for reports.
+# M <= SEG_MAX_M, regs_s4 up to REGS_MAX_M, stream above (csrc/skinny_core.cuh default_variant,
+# from the comparisons in bench/results/h200/ and h100/). default_variant(m) mirrors it for reports.
 DEFAULT_VARIANT = -1
 # The "stream" variant's M buckets (csrc/skinny_core.cuh stream_bucket_m): every M of a bucket runs
 # the same block tiles and K split, so row i of its output is bit-identical across them.
@@ -50,11 +50,11 @@ OVERLAPS = ("none", "weights")
 
 
 def default_variant(m: int) -> int:
-    """The index into VARIANTS that variant=-1 runs at M = m (on the mma engine; the simt engine
-    runs regs_s4 where this names seg_xs)."""
+    """The index into VARIANTS that variant=-1 runs at M = m (on the mma engine at K % 128 == 0;
+    elsewhere regs_s4 runs where this names seg_xs, base where it names stream)."""
     if m <= SEG_MAX_M:
         return VARIANTS.index("seg_xs")
-    return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("base")
+    return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("stream")
 
 
 def same_rows_ranges(engine: str = "mma") -> list[tuple[int, int]]:
@@ -62,7 +62,8 @@ def same_rows_ranges(engine: str = "mma") -> list[tuple[int, int]]:
     output bit-identical: the M that run one kernel with one split and one mma tile. The segmented
     kernel's tile, K segments and split follow M rounded up to 1, 2 or 4, so on the mma engine
     M = 1, 2 and 3..4 are ranges of their own (the H200 reliability run measured rows of M = 1 and
-    M = 4 differing from M = 8 before these ranges were split)."""
+    M = 4 differing from M = 8 before these ranges were split). Above REGS_MAX_M the streaming
+    kernel plans its tile and split for the whole bucket 9..16 (STREAM_BUCKETS)."""
     def config(m: int) -> tuple[int, bool]:
         seg = engine == "mma" and VARIANTS[default_variant(m)].startswith("seg")
         return (1 if m <= 1 else 2 if m <= 2 else 4) if seg else 0, m <= REGS_MAX_M

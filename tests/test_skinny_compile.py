@@ -249,7 +249,11 @@ EMULATED = [
     ("default", "mma", 264, 2048, 128, torch.float16, True, skinny.SEG_MAX_M, {}, "seg_xs"),
     ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.SEG_MAX_M + 1, {}, "regs_s4"),
     ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.REGS_MAX_M, {}, "regs_s4"),
-    ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "base"),
+    ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "stream"),
+    ("default", "mma", 264, 4096, 64, torch.float16, True, skinny.MAX_M, {}, "stream"),
+    # Where stream cannot run (K % 128 != 0, or the simt engine) the default above REGS_MAX_M is base.
+    ("default", "mma", 264, 2016, 32, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "base"),
+    ("stream", "mma", 264, 4032, 64, torch.float16, False, skinny.MAX_M, {}, "base"),
     ("default", "simt", 264, 2048, 128, torch.float16, True, 1, {}, "regs_s4"),
 ]
 
@@ -313,12 +317,12 @@ def test_python_limits_match_the_kernel():
     assert bucket and skinny.STREAM_BUCKETS == ((1, 2), (3, 4), (5, 8), (9, skinny.MAX_M))
     xs_kib = int(re.search(r"kSegXsMaxBytes = (\d+) \* 1024;", core).group(1))
     assert xs_kib * 1024 == skinny.SEG_XS_MAX_BYTES
-    assert re.search(r"return m <= kSegMaxM \? kVariantSegXs : m <= kRegsMaxM \? kVariantRegs : kVariantBase;",
+    assert re.search(r"return m <= kSegMaxM \? kVariantSegXs : m <= kRegsMaxM \? kVariantRegs : kVariantStream;",
                      core), "default_variant in skinny_core.cuh changed: update skinny.default_variant"
     v = skinny.VARIANTS.index
     assert [skinny.default_variant(m) for m in range(1, skinny.MAX_M + 1)] == \
         [v("seg_xs")] * skinny.SEG_MAX_M + [v("regs_s4")] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + \
-        [v("base")] * (skinny.MAX_M - skinny.REGS_MAX_M)
+        [v("stream")] * (skinny.MAX_M - skinny.REGS_MAX_M)
 
 
 def test_build_sources_are_the_variant_units():

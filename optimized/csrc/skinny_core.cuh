@@ -90,7 +90,11 @@ enum Overlap : int { kOverlapNone = 0, kOverlapWeights = 1 };
 constexpr int kNumOverlaps = 2;
 
 // The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) at M <= kSegMaxM, regs_s4
-// up to M = kRegsMaxM, base above. On the H200 (mma engine,
+// up to M = kRegsMaxM, stream above (base where stream cannot run, see settle_variant). Stream
+// against base at M = 9 and 16 on an H100 (session 22; 5 decode shapes x fp16 sym / bf16 asym,
+// bench/results/h100/skinny_variants_s22.txt): 1.04-1.65x faster at M = 16 in all 10 cells,
+// 1.16-1.39x at M = 9 in 8 of 10 and 4% slower on K14336 x N4096; at M = 5..8 it was slower than
+// regs_s4 in 9 of 20 cells (0.83x at worst), so regs_s4 keeps them. Before it, on the H200 (mma engine,
 // 5 decode shapes x fp16 sym / bf16 asym at M in {1, 2, 4, 5, 8, 9, 16};
 // bench/results/h200/skinny_variants_log.txt, v0/v1 = base under its
 // old and its present split policy, v2 = regs_s4), regs_s4 was the fastest of the three in 42 of
@@ -103,7 +107,7 @@ constexpr int kNumOverlaps = 2;
 constexpr int kRegsMaxM = 8;
 
 __host__ __device__ constexpr int default_variant(int m) {
-  return m <= kSegMaxM ? kVariantSegXs : m <= kRegsMaxM ? kVariantRegs : kVariantBase;
+  return m <= kSegMaxM ? kVariantSegXs : m <= kRegsMaxM ? kVariantRegs : kVariantStream;
 }
 
 // The variant asked for: `variant` itself, or for kAutoVariant the default at m rows.
@@ -117,12 +121,13 @@ __host__ __device__ constexpr bool is_seg(int variant) { return variant == kVari
 constexpr int kStreamPieceK = 128;
 
 // The kernel that runs for a resolved variant: the segmented one exists for the mma engine at
-// M <= kSegMaxM, the streaming one for the mma engine at K % kStreamPieceK == 0; other calls run
-// regs_s4.
+// M <= kSegMaxM, other calls of it run regs_s4; the streaming one for the mma engine at
+// K % kStreamPieceK == 0, other calls of it run what the default ran before it: regs_s4 up to
+// kRegsMaxM, base above.
 __host__ __device__ constexpr int settle_variant(int variant, int m, bool mma, int k) {
-  return (is_seg(variant) && (!mma || m > kSegMaxM)) || (variant == kVariantStream && (!mma || k % kStreamPieceK != 0))
-             ? kVariantRegs
-             : variant;
+  return is_seg(variant) && (!mma || m > kSegMaxM)                           ? kVariantRegs
+         : variant == kVariantStream && (!mma || k % kStreamPieceK != 0) ? (m <= kRegsMaxM ? kVariantRegs : kVariantBase)
+                                                                          : variant;
 }
 
 // Columns of x the segmented kernel's mma tile holds: M rounded up to a power of two.
