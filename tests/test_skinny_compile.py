@@ -251,7 +251,7 @@ EMULATED = [
     ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.REGS_MAX_M, {}, "regs_s4"),
     ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "stream"),
     ("default", "mma", 264, 4096, 64, torch.float16, True, skinny.MAX_M, {}, "stream"),
-    # Where stream cannot run (K % 128 != 0, or the simt engine) the default above REGS_MAX_M is base.
+    # Where stream cannot run (K % 128 != 0) the default above REGS_MAX_M is base, as is forced stream.
     ("default", "mma", 264, 2016, 32, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "base"),
     ("stream", "mma", 264, 4032, 64, torch.float16, False, skinny.MAX_M, {}, "base"),
     ("default", "simt", 264, 2048, 128, torch.float16, True, 1, {}, "regs_s4"),
