@@ -6,7 +6,7 @@ policy, the stream variant at its planned split (split=0) and at each forced spl
 bench/skinny_h200.py times variants. Shows whether csrc/skinny_core.cuh choose_stream_split picks
 well, and what the best split reaches.
 
-    python3 bench/stream_split_h200.py --out DIR [--ms 1,4,16] [--budget-s 150]
+    python3 bench/stream_split_h200.py --out DIR [--ms 1,4,16] [--shapes NAME,..] [--budget-s 150]
 
 Writes DIR/stream_split.{json,md}.
 """
@@ -66,6 +66,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ms", default="1,4,16")
+    parser.add_argument("--shapes", default="", help="comma-separated shape names (default: every 8B and 70B shape)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="skip shapes started after this many seconds")
     args = parser.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
@@ -73,7 +74,10 @@ def main() -> int:
     skinny.build()
     bandwidth = copy_bandwidth("cuda")["bytes_per_s"]
     result = {"gpu": torch.cuda.get_device_name(), "bandwidth": bandwidth, "cells": [], "skipped": []}
+    wanted = set(filter(None, args.shapes.split(",")))
     for name, k, n in shapes():
+        if wanted and name not in wanted:
+            continue
         if time.perf_counter() - start > args.budget_s:
             result["skipped"].append(name)
             continue
