@@ -4,7 +4,8 @@
 #   PARTS="skinny triton" OUT=/tmp/x bash bench/gpu_checklist.sh
 # All default parts together run well past a 10-minute command limit: there, run them in groups
 # with PARTS (bench/results/h200/README.md lists the groups that fit).
-# Parts: skinny (build, opcheck, decode parity, timing),
+# Parts: skinny (build, opcheck, decode parity, timing), skinny-errors (the raw op's TORCH_CHECKs
+# on the device, and every forced stream split, a child process a case: bench/skinny_errors_h200.py),
 # skinny-sanitize (memcheck on boundary shapes), skinny-overlap (programmatic dependent launch: the
 # graph chain check and each overlap mode's timing, bench/overlap_h200.py), triton (full parity matrix, then timing against
 # the peers for the rest of TRITON_BUDGET_S), triton-sanitize, skinny-variants and
@@ -26,10 +27,12 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 status=0
-for part in ${PARTS:-skinny skinny-sanitize skinny-overlap triton triton-sanitize hybrid bench-decode bench-prefill reliability reliability-memcheck racecheck}; do
+for part in ${PARTS:-skinny skinny-errors skinny-sanitize skinny-overlap triton triton-sanitize hybrid bench-decode bench-prefill reliability reliability-memcheck racecheck}; do
   echo "=== $part ($(date +%T))"
   case $part in
     skinny) python3 bench/skinny_h200.py --out "$out" ;;
+    skinny-errors) python3 bench/skinny_errors_h200.py --out "$out" --isolate 2>&1 | tee "$out/skinny_errors_log.txt"
+                   (exit "${PIPESTATUS[0]}") ;;
     skinny-sanitize) compute-sanitizer --tool memcheck --error-exitcode 3 python3 bench/skinny_h200.py --sanitize \
                        --out "$out" > "$out/skinny_sanitize.log" 2>&1; tail -5 "$out/skinny_sanitize.log" ;;
     triton) python3 bench/triton_h200.py --out "$out" --sections parity,timing --budget-s "${TRITON_BUDGET_S:-450}" ;;
