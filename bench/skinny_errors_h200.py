@@ -2,9 +2,11 @@
 
 The Python wrapper (optimized.skinny.skinny_matmul) rejects most bad input before the op, so on a
 GPU the binding's own checks run only for callers that reach torch.ops.w4a16.skinny_matmul directly
-(bench scripts, other projects). This calls the op with one violation per case and expects a
-RuntimeError whose message names what was expected; then runs every forced stream split of one
-decode shape that fits shared memory and compares it with the planned split.
+(bench scripts, other projects). This calls the op with a few valid arguments, then with one
+violation per case, expecting a RuntimeError whose message names what was expected; then runs
+every forced stream split of one decode shape that fits shared memory and compares it with the
+planned split. With --isolate a crashed case is rerun under gdb, where installed, for its native
+stack.
 
     python3 bench/skinny_errors_h200.py --out DIR              # one process
     python3 bench/skinny_errors_h200.py --out DIR --isolate    # one child process a case, so a crash
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -57,8 +60,13 @@ def misaligned_x() -> torch.Tensor:
     return torch.randn(2, 260, device="cuda").to(torch.bfloat16)[:, 4:]  # starts 8 bytes in, rows 520 apart
 
 
-# (case id, arguments, a fragment the error message must hold)
-CASES: list[tuple[str, Callable[[], dict], str]] = [
+# (case id, arguments, a fragment the error message must hold, or None: the call must succeed with
+# a finite output). The valid cases first: on the H100 in session 24 a valid stream call at M = 16
+# as a process's first call crashed, and so did 20 of the violations.
+CASES: list[tuple[str, Callable[[], dict], str | None]] = [
+    ("valid-m1-default", lambda: valid(1, *SPLIT_SHAPE[1:]), None),
+    ("valid-m16-default", lambda: {**valid(*SPLIT_SHAPE), "overlap": "weights"}, None),
+    ("valid-m16-stream-plan", lambda: {**valid(*SPLIT_SHAPE), "variant": STREAM}, None),
     ("x-float32", with_(x=lambda: torch.randn(2, 256, device="cuda")), "x must be float16 or bfloat16"),
     ("m-17", lambda: valid(m=17), "M must be in [1, 16]"),
     ("group-96", with_(group_size=96), "group_size must be 32, 64 or 128"),
@@ -99,12 +107,13 @@ CASES: list[tuple[str, Callable[[], dict], str]] = [
 def run_case(name: str) -> dict:
     _, make, fragment = next(c for c in CASES if c[0] == name)
     try:
-        call(make())
+        y = call(make())
         torch.cuda.synchronize()
     except RuntimeError as e:
         first = str(e).splitlines()[0][:300]
-        return {"case": name, "ok": fragment in str(e), "error": first, "expected": fragment}
-    return {"case": name, "ok": False, "error": None, "expected": fragment}
+        return {"case": name, "ok": fragment is not None and fragment in str(e), "error": first, "expected": fragment}
+    return {"case": name, "ok": fragment is None and bool(torch.isfinite(y).all()), "error": None,
+            "expected": fragment}
 
 
 def run_splits() -> list[dict]:
@@ -125,18 +134,28 @@ def run_splits() -> list[dict]:
 
 
 def child(args: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", __file__, *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        return {"ok": False, "returncode": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """One case in a fresh process; a crash is rerun under gdb (where installed) for the native stack."""
+    command = [sys.executable, "-X", "faulthandler", __file__, *args]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode == 0:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    row = {"ok": False, "returncode": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:]}
+    if proc.returncode < 0 and shutil.which("gdb"):
+        gdb = subprocess.run(["gdb", "-q", "-batch", "-ex", "run", "-ex", "bt 30", "--args", *command],
+                             capture_output=True, text=True, timeout=300)
+        frames = [line for line in gdb.stdout.splitlines() if line.startswith("#")]
+        row["backtrace"] = "\n".join(frames)[-4000:]
+        print(f"  native stack of the crash:\n{row['backtrace']}", flush=True)
+    return row
 
 
 def markdown(result: dict) -> str:
     lines = ["# Raw op contract checks and forced stream splits on a device", "",
              f"GPU {result['gpu']}; {sum(r['ok'] for r in result['cases'])} of {len(result['cases'])} cases "
-             "raised the expected error.", "", "| case | ok | error (first line) |", "|---|---|---|"]
+             "as expected (a valid call returns a finite output, a violation raises its error).", "", "| case | ok | error (first line) |", "|---|---|---|"]
     for r in result["cases"]:
-        said = r.get("error") or (f"crashed, exit status {r['returncode']}" if "returncode" in r else "no error")
+        said = r.get("error") or (f"crashed, exit status {r['returncode']}" if "returncode" in r else
+                                  "returned" if r.get("expected") is None else "no error")
         lines.append(f"| {r['case']} | {'yes' if r['ok'] else 'NO'} | {said} |")
     lines += ["", f"Forced splits of M, K, N = {SPLIT_SHAPE} (bf16 asym, G 128) against the plan:", "",
               "| split | result |", "|---|---|"]
