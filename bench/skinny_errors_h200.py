@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.skinny_h200 import random_packs  # noqa: E402
 from optimized import skinny  # noqa: E402
 
 STREAM = skinny.VARIANTS.index("stream")
@@ -40,10 +41,8 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 def valid(m: int = 2, k: int = 256, n: int = 64, g: int = 128, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Arguments of a valid call, by schema name; cases replace one."""
     torch.manual_seed(0)
-    return {"x": torch.randn(m, k, device="cuda").to(dtype),
-            "qweight": torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device="cuda"),
-            "scales": (torch.rand(n, k // g, device="cuda") * 1e-2).to(dtype),
-            "zeros": torch.randint(-2**31, 2**31 - 1, (n // 8, k // g), dtype=torch.int32, device="cuda"),
+    (qweight, scales, zeros), = random_packs(k, n, g, False, dtype, "cuda", 1)
+    return {"x": torch.randn(m, k, device="cuda").to(dtype), "qweight": qweight, "scales": scales, "zeros": zeros,
             "group_size": g, "bias": None, "engine": "auto", "variant": -1, "overlap": "none", "split": 0}
 
 
@@ -70,7 +69,8 @@ CASES: list[tuple[str, Callable[[], dict], str | None]] = [
     ("x-float32", with_(x=lambda: torch.randn(2, 256, device="cuda")), "x must be float16 or bfloat16"),
     ("m-17", lambda: valid(m=17), "M must be in [1, 16]"),
     ("group-96", with_(group_size=96), "group_size must be 32, 64 or 128"),
-    ("k-not-multiple-of-group", lambda: {**valid(k=192, g=64), "group_size": 128}, "K must be a multiple of group_size"),
+    ("k-not-multiple-of-group", lambda: {**valid(k=192, g=64), "group_size": 128},
+     "K must be a multiple of group_size"),
     ("x-strided-k", with_(x=lambda: torch.randn(2, 512, device="cuda").to(torch.bfloat16)[:, ::2]),
      "x must be contiguous along K"),
     ("x-rows-misaligned", with_(x=misaligned_x), "x rows must start on 16-byte boundaries"),
@@ -152,7 +152,8 @@ def child(args: list[str]) -> dict:
 def markdown(result: dict) -> str:
     lines = ["# Raw op contract checks and forced stream splits on a device", "",
              f"GPU {result['gpu']}; {sum(r['ok'] for r in result['cases'])} of {len(result['cases'])} cases "
-             "as expected (a valid call returns a finite output, a violation raises its error).", "", "| case | ok | error (first line) |", "|---|---|---|"]
+             "as expected (a valid call returns a finite output, a violation raises its error).", "",
+             "| case | ok | error (first line) |", "|---|---|---|"]
     for r in result["cases"]:
         said = r.get("error") or (f"crashed, exit status {r['returncode']}" if "returncode" in r else
                                   "returned" if r.get("expected") is None else "no error")
@@ -189,7 +190,8 @@ def main() -> int:
     splits = splits if isinstance(splits, list) else [splits]
     result = {"gpu": torch.cuda.get_device_name(), "cases": cases, "splits": splits,
               "seconds": time.perf_counter() - start}
-    bad = [c["case"] for c in cases if not c["ok"]] + [f"split {s.get('split')}" for s in splits if not s.get("ok", True)]
+    bad = [c["case"] for c in cases if not c["ok"]]
+    bad += [f"split {s.get('split')}" for s in splits if not s.get("ok", True)]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "skinny_errors.json").write_text(json.dumps(result, indent=1))

@@ -185,8 +185,8 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     (default_variant).
     overlap: one of OVERLAPS. "weights" and "prefetch" read qweight, scales and zeros before the
     previous kernel on the stream has finished: pass them only when no kernel just before this
-    call writes them (weights prepared once; a host synchronize after writing them is enough). In a CUDA
-    graph of back-to-back calls on the H200 it took 0.74-1.00x the time of "none"
+    call writes them (weights prepared once; a host synchronize after writing them is enough). In
+    a CUDA graph of back-to-back calls on the H200 "weights" took 0.74-1.00x the time of "none"
     (bench/results/h200/overlap_h200.md).
     split: for benchmarking the "stream" variant: its blocks along K (1 to K/128, within the
     device's shared memory); 0 (the default) takes the kernel's plan. Other variants take 0 only.
