@@ -5,8 +5,8 @@ GPU the binding's own checks run only for callers that reach torch.ops.w4a16.ski
 (bench scripts, other projects). This calls the op with a few valid arguments, then with one
 violation per case, expecting a RuntimeError whose message names what was expected; then runs
 every forced stream split of one decode shape that fits shared memory and compares it with the
-planned split. With --isolate a crashed case is rerun under gdb, where installed, for its native
-stack.
+planned split. With --isolate a crashed case is rerun under a debugger for its native stack
+(bench/isolate.py).
 
     python3 bench/skinny_errors_h200.py --out DIR              # one process
     python3 bench/skinny_errors_h200.py --out DIR --isolate    # one child process a case, so a crash
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.isolate import child  # noqa: E402
 from bench.skinny_h200 import random_packs  # noqa: E402
 from optimized import skinny  # noqa: E402
 
@@ -133,22 +132,6 @@ def run_splits() -> list[dict]:
     return rows
 
 
-def child(args: list[str]) -> dict:
-    """One case in a fresh process; a crash is rerun under gdb (where installed) for the native stack."""
-    command = [sys.executable, "-X", "faulthandler", __file__, *args]
-    proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode == 0:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    row = {"ok": False, "returncode": proc.returncode, "tail": (proc.stdout + proc.stderr)[-1500:]}
-    if proc.returncode < 0 and shutil.which("gdb"):
-        gdb = subprocess.run(["gdb", "-q", "-batch", "-ex", "run", "-ex", "bt 30", "--args", *command],
-                             capture_output=True, text=True, timeout=300)
-        frames = [line for line in gdb.stdout.splitlines() if line.startswith("#")]
-        row["backtrace"] = "\n".join(frames)[-4000:]
-        print(f"  native stack of the crash:\n{row['backtrace']}", flush=True)
-    return row
-
-
 def markdown(result: dict) -> str:
     lines = ["# Raw op contract checks and forced stream splits on a device", "",
              f"GPU {result['gpu']}; {sum(r['ok'] for r in result['cases'])} of {len(result['cases'])} cases "
@@ -164,6 +147,9 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r.get('split', '-')} | " + (f"refused: {r['refused']}" if "refused" in r else
                      f"crashed, exit status {r['returncode']}" if "returncode" in r else
                      f"max relative difference {r['max_rel_diff']:.2e}") + " |")
+    for r in [*result["cases"], *result["splits"]]:
+        if r.get("backtrace"):
+            lines += ["", f"Native stack of {r.get('case', 'the split sweep')}:", "", "```", r["backtrace"], "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -185,8 +171,8 @@ def main() -> int:
     cases = []
     for name, _, _ in CASES:
         print(f"[case] {name}", flush=True)
-        cases.append({"case": name, **child(["--case", name])} if args.isolate else run_case(name))
-    splits = child(["--splits"]) if args.isolate else run_splits()
+        cases.append({"case": name, **child(__file__, ["--case", name])} if args.isolate else run_case(name))
+    splits = child(__file__, ["--splits"]) if args.isolate else run_splits()
     splits = splits if isinstance(splits, list) else [splits]
     result = {"gpu": torch.cuda.get_device_name(), "cases": cases, "splits": splits,
               "seconds": time.perf_counter() - start}
