@@ -1,4 +1,4 @@
-"""The raw op's contract checks on a real device: every TORCH_CHECK of csrc/skinny_binding.cu.
+"""The raw op's contract checks on a real device: every TORCH_CHECK of csrc/skinny_binding.cpp.
 
 The Python wrapper (optimized.skinny.skinny_matmul) rejects most bad input before the op, so on a
 GPU the binding's own checks run only for callers that reach torch.ops.w4a16.skinny_matmul directly

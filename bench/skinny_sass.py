@@ -30,14 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.sass_tools import cuobjdump, loop_opcodes  # noqa: E402
 from optimized import skinny  # noqa: E402
 
-CORE = skinny.CSRC / "skinny_core.cuh"
+HOST = skinny.CSRC / "skinny_host.h"  # the kernels' constants
 # The flags torch.utils.cpp_extension adds, so the SASS is what an extension build runs.
 TORCH_HALF_FLAGS = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                     "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
 
 
-def core_constant(name: str) -> int:
-    return int(re.search(rf"constexpr int {name} = (\d+);", CORE.read_text()).group(1))
+def kernel_constant(name: str) -> int:
+    return int(re.search(rf"constexpr int {name} = (\d+);", HOST.read_text()).group(1))
 
 
 @dataclass(frozen=True)
@@ -59,14 +59,14 @@ def kernels() -> list[Kernel]:
     their loops' trip sizes: the segmented kernel's ring of 3 iterations x kSegRowSets rows, the
     pipelined kernel's kPipeStages x kLaneRows, the base kernel's 4 unrolled iterations x
     kLaneRows, the streaming kernel's one piece of 4 rows, each row a 32-k chunk."""
-    lane_k, rows = core_constant("kLaneK"), core_constant("kLaneRows")
-    seg = 3 * core_constant("kSegRowSets") * lane_k
+    lane_k, rows = kernel_constant("kLaneK"), kernel_constant("kLaneRows")
+    seg = 3 * kernel_constant("kSegRowSets") * lane_k
     return [
         Kernel("M = 1 (seg_xs, x copied)", "seg_xs", "skinny_seg_kernel", "Li1ELi{g}ELb{sym}ELb1E", seg),
         Kernel("M = 2 (seg_xs, x copied)", "seg_xs", "skinny_seg_kernel", "Li2ELi{g}ELb{sym}ELb1E", seg),
         Kernel("M = 3..4 (seg_xs, x copied)", "seg_xs", "skinny_seg_kernel", "Li4ELi{g}ELb{sym}ELb1E", seg),
         Kernel("M <= 8 (regs_s4)", "regs_s4", "skinny_pipe_kernel", "Li8ELi{g}ELb{sym}ELNS_6EngineE1E",
-               core_constant("kPipeStages") * rows * lane_k),
+               kernel_constant("kPipeStages") * rows * lane_k),
         Kernel("M 9..16 (base)", "base", "skinny_kernel", "Li16ELi{g}ELb{sym}ELNS_6EngineE1E", 4 * rows * lane_k),
         Kernel("M <= 8 (stream)", "stream", "skinny_stream_kernel", "Li8ELi{g}ELb{sym}E", 4 * lane_k),
         Kernel("M 9..16 (stream)", "stream", "skinny_stream_kernel", "Li16ELi{g}ELb{sym}E", 4 * lane_k),

@@ -3,7 +3,7 @@
 For each Llama-3.1-8B / 3.3-70B decode shape (bf16, zero points, G = 128) and M, times the default
 policy, the stream variant at its planned split (split=0) and at each forced split that fits
 (optimized.skinny.skinny_matmul's `split`), all on the same cold weights in CUDA graphs as
-bench/skinny_h200.py times variants. Shows whether csrc/skinny_core.cuh choose_stream_split picks
+bench/skinny_h200.py times variants. Shows whether csrc/skinny_host.h choose_stream_split picks
 well, and what the best split reaches.
 
     python3 bench/stream_split_h200.py --out DIR [--ms 1,4,16] [--shapes NAME,..] [--budget-s 150]

@@ -2,9 +2,10 @@
 
 On the H100 in session 24, 20 of 24 contract violations of the raw skinny op ended in SIGSEGV
 (bench/results/h100/skinny_errors_s24.md): exactly those whose message formats a number or a size
-list. This builds the same few checks twice, once compiled by nvcc (a .cu unit, like
-optimized/csrc/skinny_binding.cu) and once by the host C++ compiler (a .cpp unit), and calls each
-in a fresh process (a crash is rerun under a debugger, bench/isolate.py):
+list; the binding was then a .cu unit, built by nvcc (it is now skinny_binding.cpp). This builds
+the same few checks twice, once compiled by nvcc (a .cu unit) and once by the host C++ compiler
+(a .cpp unit), and calls each in a fresh process (a crash is rerun under a debugger,
+bench/isolate.py):
 
   format-int   c10::str of an int64, no throw (formatting alone)
   fail-str     TORCH_CHECK whose message is text and a std::string

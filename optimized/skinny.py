@@ -1,7 +1,7 @@
 """The skinny (decode) W4A16 kernel: one C++ source for CUDA and ROCm, built on first use.
 
 The op `w4a16::skinny_matmul` is defined here (schema + fake implementation); its CUDA/ROCm
-implementation is registered by the extension (csrc/skinny_binding.cu) when it is built.
+implementation is registered by the extension (csrc/skinny_binding.cpp) when it is built.
 Importing this module compiles nothing, so it works on a machine without a GPU or compiler.
 """
 
@@ -133,8 +133,10 @@ def _cuda_flags() -> list[str]:
 
 
 def _sources() -> list[Path]:
-    """The binding and one translation unit per variant (built in parallel by ninja)."""
-    return [CSRC / "skinny_binding.cu"] + [CSRC / f"skinny_inst_v{v}.cu" for v in range(len(VARIANTS))]
+    """The binding (host compiler), the dispatch and one translation unit per variant (nvcc; built
+    in parallel by ninja)."""
+    return [CSRC / "skinny_binding.cpp", CSRC / "skinny_launch.cu"] + \
+        [CSRC / f"skinny_inst_v{v}.cu" for v in range(len(VARIANTS))]
 
 
 def build(verbose: bool = False) -> None:

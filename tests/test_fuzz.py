@@ -77,7 +77,7 @@ INTERPRETER_STEPS = 48
 GPU_WEIGHT_ELEMENTS = 1 << 23
 GPU_PROBE_CALLS = 1024
 
-# csrc/skinny_core.cuh: output rows of one block at K-split 1 (kTileRows; split 2/4/8 gives 64/32/16),
+# csrc/skinny_host.h: output rows of one block at K-split 1 (kTileRows; split 2/4/8 gives 64/32/16),
 # k per iteration (kIterK), and iterations in flight in the pipelined kernel's ring (kPipeStages).
 SKINNY_TILE_ROWS = 128
 SKINNY_ITER_K = 128

@@ -23,7 +23,7 @@ from optimized import skinny
 from optimized.contract import ContractError
 
 CSRC = Path(skinny.__file__).resolve().parent / "csrc"
-INSTANTIATE = CSRC / "skinny_instantiate.cu"  # the dispatch, every kernel extern
+LAUNCH = CSRC / "skinny_launch.cu"  # the dispatch, every kernel extern
 VARIANT_UNITS = sorted(CSRC.glob("skinny_inst_v*.cu"), key=lambda f: int(f.stem.removeprefix("skinny_inst_v")))
 REQUIRE_COMPILERS = os.environ.get("W4A16_REQUIRE_COMPILERS") == "1"
 
@@ -72,14 +72,14 @@ def sm90_objects(tmp_path_factory) -> tuple[Path, list[str]]:
     work = tmp_path_factory.mktemp("sm90")
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         logs = list(pool.map(lambda u: compile_or_fail(nvcc_command(nvcc, u, work / f"{u.stem}.o")),
-                             [INSTANTIATE, *VARIANT_UNITS]))
+                             [LAUNCH, *VARIANT_UNITS]))
     return work, logs
 
 
 def test_nvcc_compiles_core_for_sm90(sm90_objects):
     """The units link with nothing undefined; no pipelined or segmented kernel spills."""
     work, logs = sm90_objects
-    units = [INSTANTIATE, *VARIANT_UNITS]
+    units = [LAUNCH, *VARIANT_UNITS]
     assert len(VARIANT_UNITS) == len(skinny.VARIANTS)
     compile_or_fail([find_compiler("nvcc"), "-shared", "-Xlinker", "--no-undefined", "-o", str(work / "libskinny.so"),
                      *(str(work / f"{u.stem}.o") for u in units)])
@@ -117,10 +117,10 @@ def test_segmented_loop_instruction_budget(sm90_objects):
 ])
 def test_hipcc_compiles_core(tmp_path, arch, wave):
     hipcc = find_compiler("hipcc")
-    source = tmp_path / "skinny_instantiate.hip"
+    source = tmp_path / "skinny_all.hip"
     # The dispatch and every variant's kernels in one unit. The warp size compat.h reports must be
     # the target's, or rows and lanes would not match.
-    units = "".join(f'#include "{u.name}"\n' for u in [INSTANTIATE, *VARIANT_UNITS])
+    units = "".join(f'#include "{u.name}"\n' for u in [LAUNCH, *VARIANT_UNITS])
     source.write_text(units + "#if defined(__HIP_DEVICE_COMPILE__)\n"
                       f'static_assert(W4_WARP_SIZE == {wave}, "compat.h warp size on {arch}");\n'
                       "#endif\n")
@@ -303,7 +303,7 @@ def test_emulated_kernel_passes_exact_probes(emulator, tmp_path, variant, dtype)
 
 
 def test_python_limits_match_the_kernel():
-    core = (CSRC / "skinny_core.cuh").read_text()
+    core = (CSRC / "skinny_host.h").read_text()
     assert int(re.search(r"kMaxM = (\d+);", core).group(1)) == skinny.MAX_M
     assert int(re.search(r"kNumVariants = (\d+);", core).group(1)) == len(skinny.VARIANTS)
     assert int(re.search(r"kAutoVariant = (-?\d+);", core).group(1)) == skinny.DEFAULT_VARIANT
@@ -318,7 +318,7 @@ def test_python_limits_match_the_kernel():
     xs_kib = int(re.search(r"kSegXsMaxBytes = (\d+) \* 1024;", core).group(1))
     assert xs_kib * 1024 == skinny.SEG_XS_MAX_BYTES
     assert re.search(r"return m <= kSegMaxM \? kVariantSegXs : m <= kRegsMaxM \? kVariantRegs : kVariantStream;",
-                     core), "default_variant in skinny_core.cuh changed: update skinny.default_variant"
+                     core), "default_variant in skinny_host.h changed: update skinny.default_variant"
     v = skinny.VARIANTS.index
     assert [skinny.default_variant(m) for m in range(1, skinny.MAX_M + 1)] == \
         [v("seg_xs")] * skinny.SEG_MAX_M + [v("regs_s4")] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + \
@@ -326,7 +326,7 @@ def test_python_limits_match_the_kernel():
 
 
 def test_build_sources_are_the_variant_units():
-    assert [f.name for f in skinny._sources()[1:]] == [f.name for f in VARIANT_UNITS]
+    assert [f.name for f in skinny._sources()] == ["skinny_binding.cpp", LAUNCH.name] + [f.name for f in VARIANT_UNITS]
     for f in skinny._sources():
         assert f.exists(), f
 

@@ -46,135 +46,9 @@
 #include <type_traits>
 
 #include "compat.h"
+#include "skinny_host.h"
 
 namespace w4 {
-
-constexpr int kBlockThreads = 256;
-constexpr int kMaxM = 16;
-constexpr int kLaneK = 32;          // k per lane, row and iteration: one 16-byte load
-constexpr int kIterK = 4 * kLaneK;  // k per iteration: the 4 lanes of a quad side by side
-constexpr int kLaneRows = 2;        // rows per lane, in both kernels
-// A row's K is split over a quad, so a block covers kBlockThreads / 4 * kLaneRows (row, K-slice)
-// pairs whatever the warp size: rows per block = kTileRows / split.
-constexpr int kTileRows = kBlockThreads / 4 * kLaneRows;
-constexpr int kMinBlocks = 2;   // both kernels' launch bounds: blocks resident per SM
-// The segmented kernel's largest M (at M_PAD = 8 a segment is the pipelined kernel's 64 bytes,
-// so it would only repeat regs_s4), and its rows per lane.
-constexpr int kSegMaxM = 4;
-constexpr int kSegRowSets = 4;
-constexpr int kPipeStages = 4;  // the pipelined kernel's ring entries per lane
-
-enum class Engine : int { kSimt = 0, kMma = 1 };
-
-// The kernels, for the op's `variant` argument; optimized/skinny.py VARIANTS lists the names in
-// the same order:
-// kVariantNames: base, regs_s4, seg_r4, seg_xs, stream
-enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg = 2, kVariantSegXs = 3, kVariantStream = 4 };
-constexpr int kNumVariants = 5;
-constexpr int kAutoVariant = -1;  // default_variant(m), per call
-
-// How a call overlaps the kernel before it on the stream; optimized/skinny.py OVERLAPS lists the
-// names in the same order:
-//  * kOverlapNone: a plain launch; the kernel starts when the previous one has finished.
-//  * kOverlapWeights (CUDA sm_90+, programmatic dependent launch; the host settles it to
-//    kOverlapNone elsewhere): the kernel may launch while the previous one drains. Its warps load
-//    their first ring entries (the base kernel: its first batch) of weights, scales and zero
-//    points, then wait for the previous kernel (pdl_wait) before reading x or writing y, so HBM
-//    stays busy through that kernel's tail. Only for weights, scales and zero points that the
-//    previous kernel does not write (prepared once, then read-only): they are read-only (.nc)
-//    loads, which ptxas moves across the wait at will, while x and bias (which the hybrid op pads
-//    just before a call) are read with coherent loads (load_x, load_bias) that stay after it.
-//  * kOverlapPrefetch: kOverlapWeights, and before the wait each block also asks L2 for the
-//    first kPrefetchBlockBytes of its weights (the start of every row's K range, one bulk
-//    prefetch a row), which its register or shared ring reaches only a few iterations later.
-//    Why: with "weights" a block that starts during the previous kernel's tail has only its ring
-//    (2-3 iterations a warp) in flight until that kernel completes; at M = 1 the calls lost a
-//    near-constant 3-6 us to the floor on the H100 whatever their size (skinny_variants_s23.txt).
-// Every kernel calls pdl_trigger first, so that the next call may overlap this one in turn, and
-// pdl_wait, which returns at once after a plain launch.
-enum Overlap : int { kOverlapNone = 0, kOverlapWeights = 1, kOverlapPrefetch = 2 };
-constexpr int kNumOverlaps = 3;
-constexpr int kPrefetchBlockBytes = 64 * 1024;  // two resident blocks an SM: 17 MB of L2 on 132 SMs
-
-// The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) at M <= kSegMaxM, regs_s4
-// up to M = kRegsMaxM, stream above (base where stream cannot run, see settle_variant). Stream
-// against base at M = 9 and 16 on an H100 (session 22; 5 decode shapes x fp16 sym / bf16 asym,
-// bench/results/h100/skinny_variants_s22.txt): 1.04-1.65x faster at M = 16 in all 10 cells,
-// 1.16-1.39x at M = 9 in 8 of 10 and 4% slower on K14336 x N4096; at M = 5..8 it was slower than
-// regs_s4 in 9 of 20 cells (0.83x at worst), so regs_s4 keeps them. Before it, on the H200 (mma engine,
-// 5 decode shapes x fp16 sym / bf16 asym at M in {1, 2, 4, 5, 8, 9, 16};
-// bench/results/h200/skinny_variants_log.txt, v0/v1 = base under its
-// old and its present split policy, v2 = regs_s4), regs_s4 was the fastest of the three in 42 of
-// 50 cells at M <= 8, base in 13 of 20 at M = 9 and 16. Against seg_r4 at M = 1..4 on every
-// fixture shape (27 shapes; skinny_h200_seg_r4.md against skinny_h200_regs_default.md), regs_s4
-// took 1.074x seg_r4's time with zero points (geometric mean; 1.097x where the floor is >= 7 us;
-// faster in 20 of 108 cells) and 0.999x without (faster in 53 of 108), so symmetric weights kept
-// regs_s4 until both kernels scaled after the mma at G = 128: then seg_xs was faster than or within
-// 1% of regs_s4 in all 15 fp16 symmetric cells at M 1, 2, 4 (skinny_variants_s16.txt).
-constexpr int kRegsMaxM = 8;
-
-__host__ __device__ constexpr int default_variant(int m) {
-  return m <= kSegMaxM ? kVariantSegXs : m <= kRegsMaxM ? kVariantRegs : kVariantStream;
-}
-
-// The variant asked for: `variant` itself, or for kAutoVariant the default at m rows.
-__host__ __device__ constexpr int resolve_variant(int variant, int m) {
-  return variant == kAutoVariant ? default_variant(m) : variant;
-}
-
-__host__ __device__ constexpr bool is_seg(int variant) { return variant == kVariantSeg || variant == kVariantSegXs; }
-
-// The streaming kernel's unit of K: one ring slot holds 32 rows x kStreamPieceK k.
-constexpr int kStreamPieceK = 128;
-
-// The kernel that runs for a resolved variant: the segmented one exists for the mma engine at
-// M <= kSegMaxM, other calls of it run regs_s4; the streaming one for the mma engine at
-// K % kStreamPieceK == 0, other calls of it run what the default ran before it: regs_s4 up to
-// kRegsMaxM, base above.
-__host__ __device__ constexpr int settle_variant(int variant, int m, bool mma, int k) {
-  return is_seg(variant) && (!mma || m > kSegMaxM)                           ? kVariantRegs
-         : variant == kVariantStream && (!mma || k % kStreamPieceK != 0) ? (m <= kRegsMaxM ? kVariantRegs : kVariantBase)
-                                                                          : variant;
-}
-
-// Columns of x the segmented kernel's mma tile holds: M rounded up to a power of two.
-__host__ __device__ constexpr int seg_m_pad(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : 4; }
-
-// seg_xs's shared copy of x: M_PAD rows of K 16-bit values, at most kSegXsMaxBytes so that
-// kMinBlocks blocks still share an SM (the H200 has 228 KiB per SM). Every block copies all of
-// it, 4 / (rows per block) of the bytes of its weights (1/8 at split 1). Against seg_r4 on the
-// H200 (skinny_variants_xs.md, M <= 4 on 5 large shapes): 6-9% faster in the 4 cells at split 1,
-// -3% to +3% at split 2, up to 15% and 33% slower at split 4 and 8. 0: the call runs seg_r4.
-constexpr int kSegXsMaxBytes = 96 * 1024;
-__host__ __device__ constexpr int seg_x_shared_bytes(int m, int k, int split) {
-  return split == 1 && static_cast<long long>(seg_m_pad(m)) * 2 * k <= kSegXsMaxBytes ? seg_m_pad(m) * 2 * k : 0;
-}
-
-// One call's arguments, in the layout of optimized/contract.py (T = half_t or bf16_t):
-//   x        T [m, k], row stride stride_xm elements, unit stride along k; 16-byte aligned rows.
-//   qweight  [n, k/8] 32-bit words, contiguous, 16-byte aligned (k % 32 == 0 follows from
-//            group_size | k).
-//   scales   T [n, k/group_size], contiguous.
-//   zeros    [n/8, k/group_size] 32-bit words packed along n, or nullptr (symmetric, z = 8).
-//   bias     T [n] or nullptr.
-//   y        T [m, n], contiguous.
-//   partials fp32 [split][m][n], the streaming kernel's workspace when split > 1 (else unused).
-struct SkinnyParams {
-  const void* x;
-  const uint32_t* qweight;
-  const void* scales;
-  const uint32_t* zeros;
-  const void* bias;
-  void* y;
-  float* partials;
-  int64_t stride_xm;
-  int m, n, k;
-  int group_size;  // 32, 64 or 128
-  int split;       // warps of a block sharing each row, splitting K: 1, 2, 4 (or 8 on wave32);
-                   // the streaming kernel: blocks sharing each row (stream_workspace_floats)
-  int variant;     // a Variant (resolve_variant)
-  int overlap;     // an Overlap
-};
 
 namespace detail {
 
@@ -1031,47 +905,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 }
 #endif  // !W4_HIP
 
-// The streaming kernel's tiling and shared-memory layout (host and device; see below).
-constexpr int kStreamStages = 4;                              // ring slots per warp
-constexpr int kStreamSlotUnits = 32 * kStreamPieceK / 32;     // 16-byte units a slot: 32 rows x 4
-constexpr int kStreamRingBytes = kBlockThreads / 32 * kStreamStages * kStreamSlotUnits * 16;
-constexpr int kStreamMinBlocks = 2;  // launch bounds: registers for two blocks an SM
-
-// Warps along N: 32 warps_n rows a block, so that x (M rows, staged once a block) is at most a
-// quarter of the bytes of the weights it meets (4 M / rows).
-__host__ __device__ constexpr int stream_warps_n(int m) { return m <= 2 ? 1 : m <= 4 ? 2 : m <= 8 ? 4 : 8; }
-
-// The largest M with m's block layout (M 1..2, 3..4, 5..8, 9..16 share one each). The split is
-// planned for it, so that every M of a bucket runs the same tiles, split and summation order, and
-// row i of the output does not depend on M within the bucket.
-__host__ __device__ constexpr int stream_bucket_m(int m) { return m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : kMaxM; }
-
-struct StreamLayout {
-  int warps_n, warps_k, rows;  // rows = 32 warps_n
-  int pieces;                  // the most pieces (128 k) of any block's K range
-  int groups;                  // groups in `pieces`
-  int x_units;                 // 16-byte units of one staged x row
-  int scale_stride;            // halves of one staged scale row
-  int x_offset, scale_offset, zero_offset, bytes;  // byte offsets into dynamic shared memory
-};
-
-__host__ __device__ inline StreamLayout stream_layout(int m, int k, int group_size, bool sym, int split) {
-  StreamLayout L{};
-  L.warps_n = stream_warps_n(m);
-  L.warps_k = kBlockThreads / 32 / L.warps_n;
-  L.rows = 32 * L.warps_n;
-  const int total = k / kStreamPieceK;
-  L.pieces = (total + split - 1) / split;
-  L.groups = L.pieces * (kStreamPieceK / group_size);
-  L.x_units = 16 * L.pieces + 4;
-  L.scale_stride = L.groups + (6 - L.groups % 4) % 4;
-  L.x_offset = kStreamRingBytes;
-  L.scale_offset = L.x_offset + m * L.x_units * 16;
-  L.zero_offset = L.scale_offset + (L.rows * L.scale_stride * 2 + 15) / 16 * 16;
-  L.bytes = L.zero_offset + (sym ? 0 : L.rows / 8 * L.groups * 4);
-  return L;
-}
-
 #if !W4_HIP
 // ---------------------------------------------------------------------------------------------
 // The streaming kernel (kVariantStream; mma engine, K % kStreamPieceK == 0, M <= kMaxM).
@@ -1314,109 +1147,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) skinny_stream_reduce_kernel(c
 #endif  // !W4_HIP
 
 // ---------------------------------------------------------------------------------------------
-// Host side: pick the K split and the template instance. Torch-free, so the CI compile check
-// instantiates exactly what the extension ships (launch_skinny<half_t>, launch_skinny<bf16_t>).
-
-// Larger blocks (split 1: tile_rows rows) fetch each x element once for more rows; smaller ones
-// make more blocks, so that every SM has work and the last wave is short. Decode at small M
-// needs little x traffic, so it favours many blocks.
-//
-// The base kernel: the smallest split that gives num_sms * 8 blocks (or the largest split). On
-// the H200 this policy was never slower than aiming at num_sms * 2 blocks above M = 4 beyond
-// noise, and it removed a step in time from M = 4 to 5 (skinny_variants_log.txt: v1 against v0).
-//
-// The pipelined and segmented kernels: the split with the least modelled wave quantization,
-// among those that leave every warp an iteration of K. Their blocks are
-// equal, so they run in waves of num_sms * kMinBlocks (its occupancy); counting time in
-// block-times of a busy SM, a full wave takes kMinBlocks and a last partial wave takes its most
-// loaded SM's block count, at least 2 (an SM with one block is assumed to run at half speed, as a
-// block's loads in flight cover about half an SM's share of the bandwidth). Efficiency = ideal /
-// modelled time; a larger split must beat a smaller one by 2% (larger blocks share x better).
-//
-// variant: the kernel that runs (settle_variant's result).
-
-// Rows a block covers at split 1.
-inline int tile_rows(int variant, int m) {
-  return is_seg(variant) ? kBlockThreads / 32 * kSegRowSets * seg_m_pad(m) : kTileRows;
-}
-
-inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int variant) {
-  const int warps = kBlockThreads / warp_size;
-  const int rows = tile_rows(variant, m);
-  if (variant != kVariantBase) {
-    const int iter_k = is_seg(variant) ? 8 / seg_m_pad(m) * kIterK : kIterK;
-    const int iters = (k + iter_k - 1) / iter_k;
-    const int slots = num_sms * kMinBlocks;
-    double best = -1.0;
-    int best_split = 1;
-    for (int split = 1; split <= warps && split <= iters; split *= 2) {
-      const int blocks = (n + rows / split - 1) / (rows / split);
-      const int tail = (blocks % slots + num_sms - 1) / num_sms;
-      const double time = static_cast<double>(blocks / slots) * kMinBlocks + (tail == 0 ? 0 : tail < 2 ? 2 : tail);
-      const double efficiency = static_cast<double>(blocks) / num_sms / time;
-      if (efficiency > best + 0.02) {
-        best = efficiency;
-        best_split = split;
-      }
-    }
-    return best_split;
-  }
-  const int target_blocks = num_sms * 8;
-  int split = 1;
-  while (split < warps && (n + rows / split - 1) / (rows / split) < target_blocks) split *= 2;
-  return split;
-}
-
-#if !W4_HIP
-// The streaming kernel's split (blocks along K), from a model of its time in microseconds:
-//  * weights at 4 TB/s, spread over SMs in whole blocks: the most loaded SM sets the time
-//    (ceil(blocks / num_sms) blocks' bytes at an SM's share), and an SM with fewer than 1.5 blocks
-//    on average is taken to reach 1/1.15 of its share (one block's ring in flight);
-//  * split > 1 adds the partial sums (16 M split / K of the weight bytes, written and read at
-//    about twice HBM speed in L2) and the reduce kernel's launch (1.5 us);
-// among the splits whose shared memory fits max_shared and that leave every warp a piece. A
-// larger split must win by 2%. Planned for stream_bucket_m(m), so the split is the same for
-// every M of a bucket.
-inline int choose_stream_split(int n, int m_call, int k, int group_size, bool sym, int num_sms, int max_shared) {
-  const int m = stream_bucket_m(m_call);
-  const int warps_k = kBlockThreads / 32 / stream_warps_n(m);
-  const int rows = 32 * stream_warps_n(m);
-  const int total = k / kStreamPieceK;
-  const int row_blocks = (n + rows - 1) / rows;
-  const double weight_us = static_cast<double>(n) * k / 2 / 4.0e6;
-  double best = 0.0;
-  int best_split = 0;
-  for (int split = 1; split <= total && (split == 1 || split * warps_k <= total); ++split) {
-    if (stream_layout(m, k, group_size, sym, split).bytes > max_shared) continue;
-    const double per_sm = static_cast<double>(row_blocks) * split / num_sms;
-    double time = weight_us * std::ceil(per_sm) / per_sm * (per_sm < 1.5 ? 1.15 : 1.0);
-    if (split > 1) time += weight_us * 16.0 * m * split / k * 0.5 + 1.5;
-    if (best_split == 0 || time < best * 0.98) {
-      best = time;
-      best_split = split;
-    }
-  }
-  return best_split > 0 ? best_split : total;
-}
-#endif
-
-// p.split for a call whose p.variant is settled and whose other fields are set.
-// max_shared: the device's dynamic shared memory a block may opt into.
-inline int plan_split(const SkinnyParams& p, int num_sms, int warp_size, int max_shared) {
-#if !W4_HIP
-  if (p.variant == kVariantStream) {
-    return choose_stream_split(p.n, p.m, p.k, p.group_size, p.zeros == nullptr, num_sms, max_shared);
-  }
-#else
-  (void)max_shared;
-#endif
-  return choose_split(p.n, p.m, p.k, num_sms, warp_size, p.variant);
-}
-
-// fp32 elements of p.partials the call needs (0: none).
-inline int64_t stream_workspace_floats(const SkinnyParams& p) {
-  return p.variant == kVariantStream && p.split > 1 ? static_cast<int64_t>(p.split) * p.m * p.n : 0;
-}
+// Host side: the launches of a planned call (skinny_host.h plans it). Torch-free, so the CI
+// compile check instantiates exactly what the extension ships (skinny_launch.cu).
 
 namespace detail {
 
@@ -1590,10 +1322,7 @@ void launch_engine(const SkinnyParams& p, stream_t stream) {
 
 }  // namespace detail
 
-// The caller has validated p (1 <= m <= kMaxM, group_size in {32, 64, 128}, alignment), resolved
-// and settled p.variant (settle_variant(resolve_variant(...), ...)), set p.split (plan_split) and,
-// where stream_workspace_floats(p) > 0, p.partials. kMma
-// needs CUDA sm_80+; on HIP only kSimt is compiled.
+// w4::launch (skinny_host.h) for element type T: p as it requires.
 template <typename T>
 void launch_skinny(const SkinnyParams& p, Engine engine, stream_t stream) {
 #if W4_HIP

@@ -1,6 +1,8 @@
 // Torch binding of the skinny kernel: the CUDA (and, hipified, ROCm) implementation of the op
 // w4a16::skinny_matmul, whose schema and fake implementation live in optimized/skinny.py.
 // Every contract violation is a TORCH_CHECK here too, for callers that reach the op directly.
+// A .cpp unit, built by the host C++ compiler like PyTorch itself: only the kernels go through
+// nvcc (skinny_launch.cu, skinny_inst_v*.cu).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -8,8 +10,7 @@
 
 #include <string>
 
-// The kernels themselves are compiled in skinny_inst_v*.cu (declared extern here).
-#include "skinny_instances.h"
+#include "skinny_host.h"
 
 namespace {
 
@@ -156,11 +157,7 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
 #endif
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  if (x.scalar_type() == at::kHalf) {
-    w4::launch_skinny<w4::half_t>(p, kind, stream);
-  } else {
-    w4::launch_skinny<w4::bf16_t>(p, kind, stream);
-  }
+  w4::launch(p, kind, x.scalar_type() == at::kBFloat16, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
 }
