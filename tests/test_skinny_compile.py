@@ -1,5 +1,6 @@
 """The skinny kernel without a GPU: its torch-free core compiles for NVIDIA (nvcc, sm_90) and AMD
-(hipcc, wave32 gfx1030 and wave64 gfx90a), both kernels and the default policy run correctly on a
+(hipcc, wave32 gfx1030 and wave64 gfx90a), the plan the binding includes (skinny_host.h) builds
+with the host compiler alone, both kernels and the default policy run correctly on a
 CPU emulation of the CUDA path (g++, csrc/skinny_emu.h), and its Python side (op schema, fake implementation, contract
 checks) works on CPU without building anything.
 
@@ -127,6 +128,44 @@ def test_hipcc_compiles_core(tmp_path, arch, wave):
     env = {**os.environ, "HIP_PLATFORM": "amd"}
     compile_or_fail([hipcc, "-std=c++17", "-O3", f"--offload-arch={arch}", f"-I{CSRC}", "-c", str(source),
                      "-o", str(tmp_path / "skinny.o")], env=env)
+
+
+HOST_PLAN_PROGRAM = r"""
+#include "skinny_host.h"
+#include <cstdio>
+int main() {
+  for (int m = 1; m <= w4::kMaxM; ++m) {
+    w4::SkinnyParams p{};
+    p.m = m; p.n = 4096; p.k = 14336; p.group_size = 128;
+    p.zeros = reinterpret_cast<const uint32_t*>(16);  // asymmetric: any non-null pointer
+    p.variant = w4::settle_variant(w4::resolve_variant(w4::kAutoVariant, m), m, true, p.k);
+    p.split = w4::plan_split(p, 132, 32, 227 * 1024);
+    const int shared = p.variant == w4::kVariantStream
+        ? w4::stream_layout(m, p.k, p.group_size, false, p.split).bytes : 0;
+    std::printf("%d %d %d %lld\n", p.variant, p.split, shared, static_cast<long long>(w4::stream_workspace_floats(p)));
+  }
+}
+"""
+
+
+def test_binding_plan_builds_with_the_host_compiler(tmp_path):
+    """skinny_host.h, all of the kernels the binding (a .cpp unit) includes, builds with the host
+    compiler alone (no CUDA or HIP header on the path, warnings as errors), and its plan makes
+    sense: the default variant per M, a split that fits shared memory, a workspace exactly when
+    the stream kernel splits K."""
+    gxx = find_compiler("g++")
+    source = tmp_path / "plan.cpp"
+    source.write_text(HOST_PLAN_PROGRAM)
+    compile_or_fail([gxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{CSRC}", str(source), "-o",
+                     str(tmp_path / "plan")])
+    lines = subprocess.run([str(tmp_path / "plan")], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(lines) == skinny.MAX_M
+    stream = skinny.VARIANTS.index("stream")
+    for m, line in enumerate(lines, start=1):
+        variant, split, shared, workspace = (int(v) for v in line.split())
+        assert variant == skinny.default_variant(m), (m, line)
+        assert split >= 1 and shared <= 227 * 1024, (m, line)
+        assert workspace == (split * m * 4096 if variant == stream and split > 1 else 0), (m, line)
 
 
 # ---------------------------------------------------------------------------------------------
