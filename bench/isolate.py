@@ -31,7 +31,7 @@ def native_stack(command: list[str], frames: int = 40, timeout_s: int = 100) -> 
     except subprocess.TimeoutExpired:
         return f"{tool} timed out after {timeout_s} s"
     lines = [line for line in proc.stdout.splitlines() if line.startswith("#") or "signal" in line.lower()]
-    return "\n".join(lines)[-5000:]
+    return "\n".join(line[:400] for line in lines)[:8000]  # the innermost frames say where
 
 
 def child(script: str, args: list[str]) -> dict | list:

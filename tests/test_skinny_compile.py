@@ -364,6 +364,42 @@ def test_python_limits_match_the_kernel():
         [v("stream")] * (skinny.MAX_M - skinny.REGS_MAX_M)
 
 
+def torch_check_messages(source: str) -> list[list[str]]:
+    """The message arguments (after the condition) of every TORCH_CHECK in C++ source text."""
+    calls = []
+    for start in (m.end() for m in re.finditer(r"\bTORCH_CHECK\(", source)):
+        depth, args, current, in_string = 1, [], "", False
+        for i, ch in enumerate(source[start:]):
+            if ch == '"' and source[start + i - 1] != "\\":
+                in_string = not in_string
+            if not in_string:
+                depth += {"(": 1, ")": -1}.get(ch, 0)
+                if depth == 0 or (depth == 1 and ch == ","):
+                    args.append(" ".join(current.split()))
+                    current = ""
+                    if depth == 0:
+                        break
+                    continue
+            current += ch
+        calls.append(args[1:])
+    return calls
+
+
+def test_binding_never_streams_a_number_into_a_message():
+    """Every argument of the binding's TORCH_CHECK messages is text: a literal, std::string, a dtype
+    or device (streamed as their names), or a number through num()/dims() (std::to_string). On the
+    device image an integer streamed by extension code crashed the process instead of raising
+    (bench/results/h100/torch_check_probe_s25.md)."""
+    text_like = re.compile(r'^("[^"]*"\s*)+$|^(num|dims|std::string)\(.*\)$|.*(scalar_type|device)\(\)$|'
+                           r'^\w+ \? "[^"]*" : "[^"]*"$')
+    calls = torch_check_messages((CSRC / "skinny_binding.cpp").read_text())
+    assert len(calls) >= 25, "fewer TORCH_CHECKs than the binding has: the parser is broken"
+    streamed = [arg for args in calls for arg in args if not text_like.match(arg)]
+    assert not streamed, f"message arguments streamed as numbers (wrap them in num() or dims()): {streamed}"
+    assert torch_check_messages('TORCH_CHECK(a == 1, "got ", a, " and ", num(b));') == [['"got "', "a", '" and "',
+                                                                                          "num(b)"]]
+
+
 def test_build_sources_are_the_variant_units():
     assert [f.name for f in skinny._sources()] == ["skinny_binding.cpp", LAUNCH.name] + [f.name for f in VARIANT_UNITS]
     for f in skinny._sources():

@@ -14,6 +14,19 @@
 
 namespace {
 
+// Numbers enter messages as text from std::to_string, never streamed. On the device image (Ubuntu
+// g++ 13.3, PyTorch 2.11.0+cu130) an integer streamed into a std::ostream from extension code
+// crashed the process (SIGSEGV) whether nvcc or g++ built it, while text, dtypes, devices and
+// PyTorch's own messages worked (bench/results/h100/torch_check_probe_s25.md); c10::str streams
+// its arguments, and so does printing sizes().
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string dims(c10::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
 bool is_packed_dtype(at::ScalarType t) { return t == at::kInt || t == at::ScalarType::UInt32; }
 
 bool is_byte_dtype(at::ScalarType t) { return t == at::kChar || t == at::kByte; }
@@ -28,56 +41,56 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
                               const std::optional<at::Tensor>& bias, c10::string_view engine, int64_t variant,
                               c10::string_view overlap, int64_t split) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16),
-              "skinny_matmul: x must be float16 or bfloat16 [M, K], got ", x.scalar_type(), " ", x.sizes());
+              "skinny_matmul: x must be float16 or bfloat16 [M, K], got ", x.scalar_type(), " ", dims(x.sizes()));
   const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(m >= 1 && m <= w4::kMaxM, "skinny_matmul: M must be in [1, ", w4::kMaxM, "], got M=", m,
+  TORCH_CHECK(m >= 1 && m <= w4::kMaxM, "skinny_matmul: M must be in [1, ", num(w4::kMaxM), "], got M=", num(m),
               " (use a prefill kernel for larger batches)");
   TORCH_CHECK(group_size == 32 || group_size == 64 || group_size == 128,
-              "skinny_matmul: group_size must be 32, 64 or 128, got ", group_size);
-  TORCH_CHECK(k % group_size == 0, "skinny_matmul: K must be a multiple of group_size, got K=", k,
-              ", group_size=", group_size);
+              "skinny_matmul: group_size must be 32, 64 or 128, got ", num(group_size));
+  TORCH_CHECK(k % group_size == 0, "skinny_matmul: K must be a multiple of group_size, got K=", num(k),
+              ", group_size=", num(group_size));
   TORCH_CHECK(x.stride(1) == 1, "skinny_matmul: x must be contiguous along K (stride(1) == 1), got strides ",
-              x.strides());
+              dims(x.strides()));
   TORCH_CHECK(rows_aligned(x.data_ptr(), x.stride(0), m, 2),
               "skinny_matmul: x rows must start on 16-byte boundaries (data pointer and stride(0) * 2 bytes "
-              "multiples of 16), got stride(0)=", x.stride(0));
+              "multiples of 16), got stride(0)=", num(x.stride(0)));
 
   TORCH_CHECK(qweight.dim() == 2, "skinny_matmul: qweight must be 2-D: int32 [N, K/8] or int8 [N, K/2], got ",
-              qweight.sizes());
+              dims(qweight.sizes()));
   const int64_t n = qweight.size(0);
   const int64_t weight_bytes = qweight.numel() * static_cast<int64_t>(qweight.element_size());
-  TORCH_CHECK(weight_bytes >= n * k / 2, "skinny_matmul: qweight holds ", weight_bytes,
-              " bytes but N*K/2 = ", n * k / 2, " are needed (N=", n, ", K=", k, ")");
+  TORCH_CHECK(weight_bytes >= n * k / 2, "skinny_matmul: qweight holds ", num(weight_bytes),
+              " bytes but N*K/2 = ", num(n * k / 2), " are needed (N=", num(n), ", K=", num(k), ")");
   const bool packed = is_packed_dtype(qweight.scalar_type());
   TORCH_CHECK(packed || is_byte_dtype(qweight.scalar_type()),
               "skinny_matmul: qweight must be int32/uint32 [N, K/8] packed along K (or the same bytes as "
               "int8/uint8 [N, K/2]), got ", qweight.scalar_type());
   TORCH_CHECK(qweight.size(1) == (packed ? k / 8 : k / 2), "skinny_matmul: qweight must be ",
-              packed ? "[N, K/8] = [" : "[N, K/2] = [", n, ", ", packed ? k / 8 : k / 2, "], got ",
-              qweight.sizes());
+              packed ? "[N, K/8] = [" : "[N, K/2] = [", num(n), ", ", num(packed ? k / 8 : k / 2), "], got ",
+              dims(qweight.sizes()));
   TORCH_CHECK(qweight.is_contiguous() && rows_aligned(qweight.data_ptr(), 1, 1, 1),
-              "skinny_matmul: qweight must be contiguous and 16-byte aligned, got strides ", qweight.strides());
+              "skinny_matmul: qweight must be contiguous and 16-byte aligned, got strides ", dims(qweight.strides()));
 
   const int64_t groups = k / group_size;
   TORCH_CHECK(scales.scalar_type() == x.scalar_type() && scales.dim() == 2 && scales.size(0) == n &&
                   scales.size(1) == groups,
-              "skinny_matmul: scales must be ", x.scalar_type(), " [N, K/G] = [", n, ", ", groups, "], got ",
-              scales.scalar_type(), " ", scales.sizes());
+              "skinny_matmul: scales must be ", x.scalar_type(), " [N, K/G] = [", num(n), ", ", num(groups), "], got ",
+              scales.scalar_type(), " ", dims(scales.sizes()));
   TORCH_CHECK(scales.is_contiguous(), "skinny_matmul: scales must be contiguous");
   if (zeros.has_value()) {
     const at::Tensor& z = *zeros;
     TORCH_CHECK(is_packed_dtype(z.scalar_type()),
                 "Zero points must be int32 or uint32 (packed 8x uint4 along dim 0), got ", z.scalar_type(),
-                " ", z.sizes());
+                " ", dims(z.sizes()));
     TORCH_CHECK(n % 8 == 0 && z.dim() == 2 && z.size(0) * 8 == n && z.size(1) == groups,
-                "skinny_matmul: packed zero points must be [N/8, K/G] = [", n / 8, ", ", groups,
-                "] with N % 8 == 0, got ", z.sizes(), " for N=", n);
+                "skinny_matmul: packed zero points must be [N/8, K/G] = [", num(n / 8), ", ", num(groups),
+                "] with N % 8 == 0, got ", dims(z.sizes()), " for N=", num(n));
     TORCH_CHECK(z.is_contiguous(), "skinny_matmul: zero points must be contiguous");
   }
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->dim() == 1 && bias->size(0) == n,
-                "skinny_matmul: bias must be ", x.scalar_type(), " [N] = [", n, "], got ", bias->scalar_type(),
-                " ", bias->sizes());
+                "skinny_matmul: bias must be ", x.scalar_type(), " [N] = [", num(n), "], got ", bias->scalar_type(),
+                " ", dims(bias->sizes()));
     TORCH_CHECK(bias->is_contiguous(), "skinny_matmul: bias must be contiguous");
   }
   TORCH_CHECK(x.is_cuda(), "skinny_matmul: tensors must be on a CUDA/ROCm device, got ", x.device());
@@ -87,7 +100,8 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   }
   TORCH_CHECK(n <= INT32_MAX && k <= INT32_MAX, "skinny_matmul: N and K must fit in int32");
   TORCH_CHECK(variant >= w4::kAutoVariant && variant < w4::kNumVariants,
-              "skinny_matmul: variant must be -1 (the default) or in [0, ", w4::kNumVariants, "), got ", variant);
+              "skinny_matmul: variant must be -1 (the default) or in [0, ", num(w4::kNumVariants), "), got ",
+              num(variant));
 
   // The Overlap names, in enum order (optimized/skinny.py OVERLAPS).
   static constexpr const char* kOverlapNames[w4::kNumOverlaps] = {"none", "weights", "prefetch"};
@@ -130,16 +144,16 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(variant), p.m), p.m,
                                  kind == w4::Engine::kMma, p.k);
   const int max_shared = static_cast<int>(prop->sharedMemPerBlockOptin);
-  TORCH_CHECK(split >= 0, "skinny_matmul: split must be 0 (the plan's) or positive, got ", split);
+  TORCH_CHECK(split >= 0, "skinny_matmul: split must be 0 (the plan's) or positive, got ", num(split));
   TORCH_CHECK(split == 0 || variant == w4::kVariantStream,
-              "skinny_matmul: split must be 0 (the plan's) unless variant is ", w4::kVariantStream, " (stream), got split=",
-              split, " with variant=", variant);
+              "skinny_matmul: split must be 0 (the plan's) unless variant is ", num(w4::kVariantStream),
+              " (stream), got split=", num(split), " with variant=", num(variant));
   if (split > 0 && p.variant == w4::kVariantStream) {
     TORCH_CHECK(split <= k / w4::kStreamPieceK, "skinny_matmul: the stream variant's split must be in [1, K/",
-                w4::kStreamPieceK, "] = [1, ", k / w4::kStreamPieceK, "], got ", split);
+                num(w4::kStreamPieceK), "] = [1, ", num(k / w4::kStreamPieceK), "], got ", num(split));
     const int shared = w4::stream_layout(p.m, p.k, p.group_size, !zeros.has_value(), static_cast<int>(split)).bytes;
-    TORCH_CHECK(shared <= max_shared, "skinny_matmul: the stream variant at split ", split, " needs ", shared,
-                " bytes of shared memory a block, the device allows ", max_shared, " (use a larger split)");
+    TORCH_CHECK(shared <= max_shared, "skinny_matmul: the stream variant at split ", num(split), " needs ", num(shared),
+                " bytes of shared memory a block, the device allows ", num(max_shared), " (use a larger split)");
     p.split = static_cast<int>(split);
   } else {
     p.split = w4::plan_split(p, prop->multiProcessorCount, prop->warpSize, max_shared);
