@@ -4,10 +4,9 @@ that it stays correct.
     python bench/overlap_h200.py --out DIR          # chain check, then timing (< ~5 min with the build)
     python bench/overlap_h200.py --dry-run --out DIR   # CPU: the case lists and the report
 
-The kernel takes `overlap` (optimized.skinny.OVERLAPS): "none" (a plain launch), "weights" (a
+The kernel takes `overlap` (optimized.skinny.OVERLAPS): "none" (a plain launch) or "weights" (a
 call's blocks may start while the previous kernel drains; they load their first weights, scales and
-zero points, then wait for it before reading x or writing y) or "prefetch" ("weights", with each
-block's first 64 KiB of weights also asked of L2 before the wait).
+zero points, then wait for it before reading x or writing y).
 
 Chain check: a CUDA graph of CHAIN_CALLS calls in which each call's x is the previous call's output
 (square K = N weights, so the data dependency is real) must give bit-identical results to the

@@ -97,7 +97,7 @@ CASES: list[tuple[str, Callable[[], dict | torch.Tensor], str | None]] = [
     ("bias-wrong-shape", with_(bias=lambda: torch.zeros(63, dtype=torch.bfloat16, device="cuda")), "bias must be"),
     ("scales-on-cpu", with_(scales=lambda: torch.ones(64, 2, dtype=torch.bfloat16)), "all tensors must be on"),
     ("variant-9", with_(variant=9), "variant must be -1"),
-    ("overlap-bogus", with_(overlap="bogus"), "overlap must be 'none', 'weights' or 'prefetch'"),
+    ("overlap-bogus", with_(overlap="bogus"), "overlap must be 'none' or 'weights'"),
     ("engine-bogus", with_(engine="bogus"), "engine must be 'auto', 'mma' or 'simt'"),
     ("split-negative", with_(variant=STREAM, split=-1), "split must be 0"),
     ("split-without-stream", with_(split=2), "unless variant is"),

@@ -45,10 +45,8 @@ SEG_XS_MAX_BYTES = 96 * 1024
 # "none" (the default: a plain launch); "weights" (programmatic dependent launch, CUDA sm_90+, a
 # plain launch elsewhere: the kernel's blocks may start while the previous kernel drains, load
 # their first weights, scales and zero points, and wait for it before reading x or writing y; only
-# for weights, scales and zero points that the previous kernel on the stream does not write);
-# "prefetch" ("weights", and each block also asks L2 for the first 64 KiB of its weights before the
-# wait, one bulk prefetch a row; sm_90+, the same condition).
-OVERLAPS = ("none", "weights", "prefetch")
+# for weights, scales and zero points that the previous kernel on the stream does not write).
+OVERLAPS = ("none", "weights")
 
 
 def default_variant(m: int) -> int:
@@ -185,11 +183,13 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     engine: "auto" (tensor cores where the device has them), "mma" or "simt" (the HIP path).
     variant: an index into VARIANTS, for benchmarking; -1 (the default) picks by M
     (default_variant).
-    overlap: one of OVERLAPS. "weights" and "prefetch" read qweight, scales and zeros before the
-    previous kernel on the stream has finished: pass them only when no kernel just before this
-    call writes them (weights prepared once; a host synchronize after writing them is enough). In
-    a CUDA graph of back-to-back calls on the H200 "weights" took 0.74-1.00x the time of "none"
-    (bench/results/h200/overlap_h200.md).
+    overlap: one of OVERLAPS. "weights" reads qweight, scales and zeros before the previous
+    kernel on the stream has finished: pass it only when no kernel just before this call writes
+    them (weights prepared once; a host synchronize after writing them is enough). In a CUDA
+    graph of back-to-back calls on the H200 it took 0.74-1.00x the time of "none"
+    (bench/results/h200/overlap_h200.md). (An L2 bulk prefetch of each block's first 64 KiB before
+    the wait was slower than "weights" in 40 of 40 cells on an H100 and was removed:
+    bench/results/h100/overlap_s25.md.)
     split: for benchmarking the "stream" variant: its blocks along K (1 to K/128, within the
     device's shared memory); 0 (the default) takes the kernel's plan. Other variants take 0 only.
     Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics). Row i is bit-identical

@@ -104,12 +104,12 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
               num(variant));
 
   // The Overlap names, in enum order (optimized/skinny.py OVERLAPS).
-  static constexpr const char* kOverlapNames[w4::kNumOverlaps] = {"none", "weights", "prefetch"};
+  static constexpr const char* kOverlapNames[w4::kNumOverlaps] = {"none", "weights"};
   int overlap_mode = -1;
   for (int i = 0; i < w4::kNumOverlaps; ++i) {
     if (overlap == kOverlapNames[i]) overlap_mode = i;
   }
-  TORCH_CHECK(overlap_mode >= 0, "skinny_matmul: overlap must be 'none', 'weights' or 'prefetch', got '",
+  TORCH_CHECK(overlap_mode >= 0, "skinny_matmul: overlap must be 'none' or 'weights', got '",
               std::string(overlap), "'");
 
   const c10::cuda::CUDAGuard guard(x.device());

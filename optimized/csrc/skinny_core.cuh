@@ -494,29 +494,6 @@ __device__ __forceinline__ void store_outputs(const SkinnyParams& p, const float
   }
 }
 
-// kOverlapPrefetch: thread i of block b asks L2 for row row0 + rows_per_block b + i's weight bytes
-// [byte0, byte0 + min(bytes, kPrefetchBlockBytes / rows)), i < rows (a no-op for other modes, rows
-// past n, and off sm_90).
-// byte0 and bytes are multiples of 16 (k % 32 == 0), as the bulk prefetch needs.
-__device__ __forceinline__ void prefetch_rows_l2(const SkinnyParams& p, int row0, int rows_per_block, int rows,
-                                                 int byte0, int bytes) {
-#if !W4_HIP && !W4_EMU && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Thread and block index read opaquely, so that the compiler does not share this code's values
-  // with the main loop's address arithmetic: at 128 registers, that sharing made ptxas spill.
-  int tid, block;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block));
-  const int row = row0 + rows_per_block * block + tid;
-  const int size = min(bytes, kPrefetchBlockBytes / rows / 16 * 16);
-  if (p.overlap != kOverlapPrefetch || tid >= rows || row >= p.n || size <= 0) return;
-  // In 16-byte units, which fit an int (the host checks n * k / 32).
-  const uint4* src = reinterpret_cast<const uint4*>(p.qweight) + (row * (p.k / kLaneK) + byte0 / 16);
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(size));
-#else
-  (void)p, (void)row0, (void)rows_per_block, (void)rows, (void)byte0, (void)bytes;
-#endif
-}
-
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -554,7 +531,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const 
   constexpr int kUnroll = Accum::kUnroll;
   Accum accum;
   accum.init();
-  detail::prefetch_rows_l2(p, 0, block_rows, block_rows, 0, p.k / 2);
   for (int first = w_k; first < iters; first += kUnroll * p.split) {
     // All loads of kUnroll iterations first, scales and zero points included: those come from
     // HBM too, and waiting for them one iteration at a time would serialize the latency.
@@ -650,7 +626,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
   static_assert(S >= 2, "a ring needs at least two entries");
   // Partial sums of every (K-slice, row) pair of the block: [split][rows][M_TILE].
   __shared__ float red[kTileRows * M_TILE];
-  detail::prefetch_rows_l2(p, 0, kTileRows / p.split, kTileRows / p.split, 0, p.k / 2);
 
   const uint4* __restrict__ qw = reinterpret_cast<const uint4*>(p.qweight);
   const unsigned short* __restrict__ scales = static_cast<const unsigned short*>(p.scales);
@@ -761,7 +736,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   // Partial sums [split][block rows][8]: entry j = SEG m + s of a row is x row m at segment s.
   __shared__ float red[kWarps * kWarpRows * 8];
   W4_DYNAMIC_SHARED(uint4, xs);
-  detail::prefetch_rows_l2(p, 0, kWarps / p.split * kWarpRows, kWarps / p.split * kWarpRows, 0, p.k / 2);
 
   const uint4* __restrict__ qw = reinterpret_cast<const uint4*>(p.qweight);
   const unsigned short* __restrict__ scales = static_cast<const unsigned short*>(p.scales);
@@ -1033,7 +1007,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) skinny_stream_
       zs[r * L.groups + gi] = W4_LDG(p.zeros + static_cast<int64_t>(min(n0 / 8 + r, p.n / 8 - 1)) * groups + g0 + gi);
     }
   }
-  detail::prefetch_rows_l2(p, n0, 0, L.rows, pb0 * kStreamPieceK / 2, pcount * kStreamPieceK / 2);
   pdl_wait();  // x and y only after it
   {
     const T* x = static_cast<const T*>(p.x);
@@ -1156,7 +1129,7 @@ template <typename T, Engine E, int V>
 void launch_variant(const SkinnyParams& p, stream_t stream);
 
 // One launch of `kernel` over `blocks` blocks, with the programmatic-dependent-launch attribute
-// for kOverlapWeights and kOverlapPrefetch (the host settles them to none where the device lacks it).
+// for kOverlapWeights (the host settles it to none where the device lacks it).
 template <typename Kernel>
 void launch_kernel(Kernel kernel, int blocks, int shared_bytes, const SkinnyParams& p, stream_t stream) {
 #if W4_EMU

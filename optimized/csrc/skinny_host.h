@@ -62,17 +62,10 @@ constexpr int kAutoVariant = -1;  // default_variant(m), per call
 //    previous kernel does not write (prepared once, then read-only): they are read-only (.nc)
 //    loads, which ptxas moves across the wait at will, while x and bias (which the hybrid op pads
 //    just before a call) are read with coherent loads (load_x, load_bias) that stay after it.
-//  * kOverlapPrefetch: kOverlapWeights, and before the wait each block also asks L2 for the
-//    first kPrefetchBlockBytes of its weights (the start of every row's K range, one bulk
-//    prefetch a row), which its register or shared ring reaches only a few iterations later.
-//    Why: with "weights" a block that starts during the previous kernel's tail has only its ring
-//    (2-3 iterations a warp) in flight until that kernel completes; at M = 1 the calls lost a
-//    near-constant 3-6 us to the floor on the H100 whatever their size (skinny_variants_s23.txt).
 // Every kernel calls pdl_trigger first, so that the next call may overlap this one in turn, and
 // pdl_wait, which returns at once after a plain launch.
-enum Overlap : int { kOverlapNone = 0, kOverlapWeights = 1, kOverlapPrefetch = 2 };
-constexpr int kNumOverlaps = 3;
-constexpr int kPrefetchBlockBytes = 64 * 1024;  // two resident blocks an SM: 17 MB of L2 on 132 SMs
+enum Overlap : int { kOverlapNone = 0, kOverlapWeights = 1 };
+constexpr int kNumOverlaps = 2;
 
 // The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) at M <= kSegMaxM, regs_s4
 // up to M = kRegsMaxM, stream above (base where stream cannot run, see settle_variant). Stream
