@@ -6,6 +6,8 @@
 # with PARTS (bench/results/h200/README.md lists the groups that fit).
 # Parts: skinny (build, opcheck, decode parity, timing), skinny-errors (the raw op's TORCH_CHECKs
 # on the device, and every forced stream split, a child process a case: bench/skinny_errors_h200.py),
+# torch-check-probe (not a default part: whether extension code built on this machine can stream a
+# number into an error message, bench/torch_check_probe.py),
 # skinny-sanitize (memcheck on boundary shapes), skinny-overlap (programmatic dependent launch: the
 # graph chain check and each overlap mode's timing, bench/overlap_h200.py), triton (full parity matrix, then timing against
 # the peers for the rest of TRITON_BUDGET_S), triton-sanitize, skinny-variants and
@@ -33,6 +35,7 @@ for part in ${PARTS:-skinny skinny-errors skinny-sanitize skinny-overlap triton 
     skinny) python3 bench/skinny_h200.py --out "$out" ;;
     skinny-errors) python3 bench/skinny_errors_h200.py --out "$out" --isolate 2>&1 | tee "$out/skinny_errors_log.txt"
                    (exit "${PIPESTATUS[0]}") ;;
+    torch-check-probe) python3 bench/torch_check_probe.py --out "$out" --with-skinny ;;
     skinny-sanitize) compute-sanitizer --tool memcheck --error-exitcode 3 python3 bench/skinny_h200.py --sanitize \
                        --out "$out" > "$out/skinny_sanitize.log" 2>&1; tail -5 "$out/skinny_sanitize.log" ;;
     triton) python3 bench/triton_h200.py --out "$out" --sections parity,timing --budget-s "${TRITON_BUDGET_S:-450}" ;;
