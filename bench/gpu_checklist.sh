@@ -35,7 +35,7 @@ for part in ${PARTS:-skinny skinny-errors skinny-sanitize skinny-overlap triton 
     skinny) python3 bench/skinny_h200.py --out "$out" ;;
     skinny-errors) python3 bench/skinny_errors_h200.py --out "$out" --isolate 2>&1 | tee "$out/skinny_errors_log.txt"
                    (exit "${PIPESTATUS[0]}") ;;
-    torch-check-probe) python3 bench/torch_check_probe.py --out "$out" --with-skinny ;;
+    torch-check-probe) python3 bench/torch_check_probe.py --out "$out" ;;
     skinny-sanitize) compute-sanitizer --tool memcheck --error-exitcode 3 python3 bench/skinny_h200.py --sanitize \
                        --out "$out" > "$out/skinny_sanitize.log" 2>&1; tail -5 "$out/skinny_sanitize.log" ;;
     triton) python3 bench/triton_h200.py --out "$out" --sections parity,timing --budget-s "${TRITON_BUDGET_S:-450}" ;;

@@ -58,14 +58,11 @@ def misaligned_x() -> torch.Tensor:
     return torch.randn(2, 260, device="cuda").to(torch.bfloat16)[:, 4:]  # starts 8 bytes in, rows 520 apart
 
 
-# (case id, the op's arguments (or a tensor computed without the op), a fragment the error message
-# must hold, or None: the call must succeed with a finite output). The valid cases first: on the
-# H100 in session 24 a valid stream call at M = 16 as a process's first call crashed, and so did 20
-# of the violations. torch-own-error: PyTorch's own error with numbers in it, after the extension
-# has loaded (does loading it break error formatting in the process?).
-CASES: list[tuple[str, Callable[[], dict | torch.Tensor], str | None]] = [
-    ("torch-own-error", lambda: torch.zeros(2, 3, device="cuda") @ torch.zeros(4, 5, device="cuda"),
-     "(2x3 and 4x5)"),
+# (case id, arguments, a fragment the error message must hold, or None: the call must succeed with
+# a finite output). The valid cases first: on the H100 in session 24 a valid stream call at M = 16
+# as a process's first call crashed, and so did 20 of the violations (a number streamed into an
+# error message, bench/torch_check_probe.py).
+CASES: list[tuple[str, Callable[[], dict], str | None]] = [
     ("valid-m1-default", lambda: valid(1, *SPLIT_SHAPE[1:]), None),
     ("valid-m16-default", lambda: {**valid(*SPLIT_SHAPE), "overlap": "weights"}, None),
     ("valid-m16-stream-plan", lambda: {**valid(*SPLIT_SHAPE), "variant": STREAM}, None),
@@ -110,8 +107,7 @@ CASES: list[tuple[str, Callable[[], dict | torch.Tensor], str | None]] = [
 def run_case(name: str) -> dict:
     _, make, fragment = next(c for c in CASES if c[0] == name)
     try:
-        made = make()
-        y = made if isinstance(made, torch.Tensor) else call(made)
+        y = call(make())
         torch.cuda.synchronize()
     except RuntimeError as e:
         first = str(e).splitlines()[0][:300]

@@ -14,10 +14,7 @@ bench/isolate.py):
   fail-to-str  TORCH_CHECK whose message is one std::string built with std::to_string
   torch-error  PyTorch's own error with numbers in its message (a matmul of mismatched shapes)
 
-Then fail-int (both units) and torch-error again with the skinny extension loaded first
-(--with-skinny; needs a device): does loading it change how errors behave in the process?
-
-    python3 bench/torch_check_probe.py --out DIR [--with-skinny]
+    python3 bench/torch_check_probe.py --out DIR
 
 Writes DIR/torch_check_probe.{json,md}. Exit status 1 when any case crashed or raised the wrong
 message. Needs nvcc and a C++ compiler; no GPU.
@@ -68,7 +65,6 @@ CASES = [
     ("fail-to-str", "fail_to_str", 12345, "probe: n=12345"),
     ("torch-error", None, None, "(2x3 and 4x5)"),
 ]
-WITH_SKINNY_CASES = ("fail-int", "torch-error")
 UNITS = ("cu", "cpp")
 
 
@@ -82,11 +78,7 @@ def build(unit: str) -> object:
     return load_inline(name, cpp_sources=source, is_python_module=False)
 
 
-def run_case(unit: str, case: str, with_skinny: bool) -> dict:
-    if with_skinny:
-        from optimized import skinny
-
-        skinny.build()
+def run_case(unit: str, case: str) -> dict:
     build(unit)
     _, op, arg, fragment = next(c for c in CASES if c[0] == case)
     try:
@@ -115,41 +107,29 @@ def toolchain() -> dict:
 def markdown(result: dict) -> str:
     lines = ["# Failed TORCH_CHECKs in an extension: nvcc (.cu) against the host compiler (.cpp)", "",
              "Toolchain: " + ", ".join(f"{k} {v}" for k, v in result["toolchain"].items()), "",
-             "| case | unit | skinny loaded | ok | result |", "|---|---|---|---|---|"]
+             "| case | unit | ok | result |", "|---|---|---|---|"]
     for r in result["cases"]:
         said = r.get("said") or f"crashed, exit status {r.get('returncode')}"
-        lines.append(f"| {r['case']} | {r['unit']} | {'yes' if r['with_skinny'] else 'no'} | "
-                     f"{'yes' if r['ok'] else 'NO'} | {said} |")
+        lines.append(f"| {r['case']} | {r['unit']} | {'yes' if r['ok'] else 'NO'} | {said} |")
     for r in result["cases"]:
         if r.get("backtrace"):
-            lines += ["", f"Native stack of {r['case']} ({r['unit']}, skinny loaded: {r['with_skinny']}):", "",
-                      "```", r["backtrace"], "```"]
+            lines += ["", f"Native stack of {r['case']} ({r['unit']}):", "", "```", r["backtrace"], "```"]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--with-skinny", action="store_true", help="also run a few cases with the skinny "
-                        "extension loaded first (needs a device)")
-    parser.add_argument("--case", nargs=3, metavar=("UNIT", "CASE", "WITH_SKINNY"), help=argparse.SUPPRESS)
+    parser.add_argument("--case", nargs=2, metavar=("UNIT", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
-        unit, case, with_skinny = args.case
-        print(json.dumps(run_case(unit, case, with_skinny == "1")))
+        print(json.dumps(run_case(*args.case)))
         return 0
     for unit in UNITS:  # build once here, so that the children load the cached library
         build(unit)
     # torch-error does not depend on the unit: run once, under the first.
-    plan = [(unit, case, False) for unit in UNITS for case, op, *_ in CASES if op is not None or unit == UNITS[0]]
-    if args.with_skinny:
-        from optimized import skinny
-
-        skinny.build()
-        plan += [(unit, case, True) for unit, case, _ in plan if case in WITH_SKINNY_CASES]
-    rows = [{"case": case, "unit": unit, "with_skinny": with_skinny,
-             **child(__file__, ["--case", unit, case, "1" if with_skinny else "0"])}
-            for unit, case, with_skinny in plan]
+    plan = [(unit, case) for unit in UNITS for case, op, *_ in CASES if op is not None or unit == UNITS[0]]
+    rows = [{"case": case, "unit": unit, **child(__file__, ["--case", unit, case])} for unit, case in plan]
     result = {"toolchain": toolchain(), "cases": rows}
     text = markdown(result)
     if args.out:

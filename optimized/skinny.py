@@ -187,9 +187,7 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     kernel on the stream has finished: pass it only when no kernel just before this call writes
     them (weights prepared once; a host synchronize after writing them is enough). In a CUDA
     graph of back-to-back calls on the H200 it took 0.74-1.00x the time of "none"
-    (bench/results/h200/overlap_h200.md). (An L2 bulk prefetch of each block's first 64 KiB before
-    the wait was slower than "weights" in 40 of 40 cells on an H100 and was removed:
-    bench/results/h100/overlap_s25.md.)
+    (bench/results/h200/overlap_h200.md).
     split: for benchmarking the "stream" variant: its blocks along K (1 to K/128, within the
     device's shared memory); 0 (the default) takes the kernel's plan. Other variants take 0 only.
     Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics). Row i is bit-identical
