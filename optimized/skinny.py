@@ -29,8 +29,11 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # stream through a shared-memory ring per warp by asynchronous copies, x, scales and zero points
 # are staged in shared memory once a block, and blocks split K (a second kernel adds their fp32
 # partial sums in a fixed order) where that fills the GPU better (mma engine at K % 128 == 0,
-# every M; other calls run regs_s4 up to REGS_MAX_M, base above).
-VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs", "stream")
+# every M; other calls run regs_s4 up to REGS_MAX_M, base above); "seg_p": seg_xs's kernel on a
+# persistent grid (at most 2 blocks an SM), each warp running whole row groups back to back with
+# its loads running on from one into the next, and x in shared memory where it fits (mma engine at
+# M <= SEG_MAX_M; other calls run regs_s4).
+VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs", "stream", "seg_p")
 # variant=-1 (the default) picks per call in the kernel's host dispatch: seg_xs at
 # M <= SEG_MAX_M, regs_s4 up to REGS_MAX_M, stream above (csrc/skinny_core.cuh default_variant,
 # from the comparisons in bench/results/h200/ and h100/). default_variant(m) mirrors it for reports.

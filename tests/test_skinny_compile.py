@@ -269,6 +269,18 @@ EMULATED = [
     ("seg_xs", "mma", 264, 2048, 64, torch.bfloat16, False, 4, dict(split=1, scale_offset=1), "seg_xs"),
     ("seg_xs", "mma", 24, 1056, 32, torch.float16, False, 1, dict(split=1), "seg_xs"),
     ("seg_xs", "mma", 8, skinny.SEG_XS_MAX_BYTES // 8 + 128, 128, torch.float16, False, 3, dict(split=1), "seg_xs"),
+    # seg_p at every M_PAD: few SMs, so that each warp runs several row groups and its ring runs on
+    # from one into the next (num_sms=1: 16 warps for 66 row groups at M = 1; the zero-point shift
+    # changes from one group to the next at M_PAD = 1); rows past n; a K tail; G = 32 and 64; more
+    # warps than row groups (warps without one); and x over SEG_XS_MAX_BYTES at M_PAD = 4, where
+    # seg_r4 runs. A forced split is ignored: seg_p runs at split 1.
+    ("seg_p", "mma", 264, 2048, 128, torch.bfloat16, False, 1, dict(num_sms=1), "seg_p"),
+    ("seg_p", "mma", 200, 2048, 128, torch.float16, True, 2, dict(num_sms=1, row_pad=24), "seg_p"),
+    ("seg_p", "mma", 264, 2016, 32, torch.float16, False, 3, dict(num_sms=1, split=4), "seg_p"),
+    ("seg_p", "mma", 264, 2048, 64, torch.bfloat16, False, 4, dict(num_sms=1, scale_offset=1), "seg_p"),
+    ("seg_p", "mma", 24, 1056, 32, torch.float16, False, 1, {}, "seg_p"),
+    ("seg_p", "mma", 8, skinny.SEG_XS_MAX_BYTES // 8 + 128, 128, torch.float16, False, 3, {}, "seg_r4"),
+    ("seg_p", "mma", 264, 2048, 128, torch.float16, False, 5, {}, "regs_s4"),  # M > 4: regs_s4 runs
     # The streaming kernel: every warp layout (M 1..2, 3..4, 5..8, 9..16), rows past n (N = 8, 200),
     # K split across blocks unevenly (the reduce kernel adds the partial sums), warps without a
     # piece (split 5 of 8 pieces at 8 warps along K), G = 32 and 64, a padded x row stride and a
@@ -319,6 +331,25 @@ def test_emulated_kernel_matches_oracle(emulator, tmp_path, variant, engine, n, 
     assert verdict.passed, verdict.summary()
 
 
+@pytest.mark.parametrize("m,symmetric,g", [(1, False, 128), (2, True, 64), (4, False, 32)],
+                         ids=["M1-asym-G128", "M2-sym-G64", "M4-asym-G32"])
+def test_emulated_seg_p_rows_equal_seg_xs_at_split_1(emulator, tmp_path, m, symmetric, g):
+    """seg_p runs seg_xs's per-warp sums, unit after unit: every output bit equals seg_xs's at
+    split 1, whichever warp (and block) owns a row group. num_sms=1 gives each warp several groups."""
+    from oracle import random_quantized
+    from oracle.layouts import to_kernel_layout
+
+    gen = torch.Generator().manual_seed(m * 31 + g)
+    weight = random_quantized(200, 1024, g, symmetric, torch.bfloat16, generator=gen)
+    kw = to_kernel_layout(weight, torch.bfloat16)
+    x = torch.randn(m, 1024, generator=gen).to(torch.bfloat16)
+    bias = (torch.randn(200, generator=gen) * 0.1).to(torch.bfloat16)
+    y_p, ran_p = emulate_call(emulator, tmp_path, x, kw, bias, variant=_v("seg_p"), engine="mma", num_sms=1)
+    y_xs, ran_xs = emulate_call(emulator, tmp_path, x, kw, bias, variant=_v("seg_xs"), engine="mma", split=1)
+    assert (ran_p["variant"], ran_xs["variant"]) == (_v("seg_p"), _v("seg_xs"))
+    assert torch.equal(y_p.view(torch.int16), y_xs.view(torch.int16))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("variant", skinny.VARIANTS)
 def test_emulated_kernel_passes_exact_probes(emulator, tmp_path, variant, dtype):
@@ -329,7 +360,7 @@ def test_emulated_kernel_passes_exact_probes(emulator, tmp_path, variant, dtype)
     kw = to_kernel_layout(weight, dtype)
     bias = (torch.randn(64, generator=torch.Generator().manual_seed(2)) * 0.1).to(dtype)
 
-    def kernel(x, b):  # seg_xs copies x to shared memory at split 1 only
+    def kernel(x, b):  # seg_xs copies x to shared memory at split 1 only; seg_p ignores a split
         split = 1 if variant == "seg_xs" else 2
         return emulate_call(emulator, tmp_path, x, kw, b, variant=_v(variant), engine="mma", split=split)[0]
 

@@ -158,6 +158,7 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   } else {
     p.split = w4::plan_split(p, prop->multiProcessorCount, prop->warpSize, max_shared);
   }
+  p.blocks = w4::plan_blocks(p, prop->multiProcessorCount);
   at::Tensor partials;  // kept alive until the launches are queued; the stream orders its reuse
   if (const int64_t floats = w4::stream_workspace_floats(p); floats > 0) {
     partials = at::empty({floats}, x.options().dtype(at::kFloat));

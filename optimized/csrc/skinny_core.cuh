@@ -33,6 +33,10 @@
 //  * kVariantSegXs, "seg_xs" (the same kernel): at split 1, seg_r4 with x staged in shared memory,
 //    permuted so that the warp's x loads are as contiguous as its weight loads (where M_PAD x K x 2
 //    bytes fit in kSegXsMaxBytes); seg_r4 otherwise.
+//  * kVariantSegPersist, "seg_p" (the segmented kernel, persistent): seg_xs's warps on a grid of
+//    at most kMinBlocks blocks an SM, each warp running its share of whole row groups back to back
+//    through one ring, so that no block ramps up or drains mid-call and no partial wave is left;
+//    where x does not fit in shared memory, seg_r4 runs.
 //  * kVariantStream, "stream" (skinny_stream_kernel; mma engine, K % 128 == 0, every M <= 16):
 //    weights stream through a ring of shared-memory slots per warp by asynchronous copies
 //    (cp.async), so the bytes in flight are not bounded by registers; x, scales and zero points
@@ -494,6 +498,24 @@ __device__ __forceinline__ void store_outputs(const SkinnyParams& p, const float
   }
 }
 
+// store_outputs for one warp's `rows` rows from row0 (seg_p's row groups, split 1): each output is
+// the sum of its PARTS partials at slice[r * 8 + PARTS m ..], plus bias, rounded once. Called by
+// every lane of the warp after a warp barrier.
+template <typename T, int PARTS>
+__device__ __forceinline__ void store_warp_outputs(const SkinnyParams& p, const float* slice, int row0, int rows) {
+  T* __restrict__ y = static_cast<T*>(p.y);
+  const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
+  for (int idx = threadIdx.x % 32; idx < rows * p.m; idx += 32) {
+    const int m = idx / rows, r = idx % rows, n = row0 + r;
+    if (n >= p.n) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int part = 0; part < PARTS; ++part) v += slice[r * 8 + PARTS * m + part];
+    if (bias != nullptr) v += bits_to_float<T>(load_bias(bias + n));
+    y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
+  }
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -723,7 +745,14 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
 // the lines of its weight loads. XS first copies x[:M_PAD] to shared memory (dynamic,
 // seg_x_shared_bytes), piece j of chunk c of row r at xs[(4 r + j) kc + c]: the lanes' loads of
 // one j are then consecutive 16-byte pieces, 4 wavefronts per 512 bytes, no bank conflicts.
-template <typename T, int M_PAD, int G, bool SYM, bool XS>
+//
+// PERSIST (seg_p; split 1, XS): the grid is seg_persist_blocks' blocks, and warp gw of W owns row
+// groups (kWarpRows rows each) [gw U / W, (gw + 1) U / W) of all U. Its iterations run unit by
+// unit through the same ring, so the loads of the next unit's first iterations are in flight
+// while the warp finishes a unit; at a unit's last iteration the warp adds its C entries through
+// its own slice of `red` and stores them (store_warp_outputs), with no block barrier. A unit's
+// sums are formed as seg_xs forms them at split 1: each row's bits equal seg_xs's.
+template <typename T, int M_PAD, int G, bool SYM, bool XS, bool PERSIST>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(const SkinnyParams p) {
   constexpr int R = kSegRowSets, SEG = 8 / M_PAD, S = 3;
   constexpr int kIterChunks = 4 * SEG;
@@ -742,38 +771,49 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int quad = lane / 4, t = lane % 4;
   const int seg = quad % SEG, pr = quad / SEG;
-  const int w_k = warp % p.split, w_n = warp / p.split;
-  const int block_rows = kWarps / p.split * kWarpRows;
-  const int warp_row0 = blockIdx.x * block_rows + w_n * kWarpRows;
+  const int split = PERSIST ? 1 : p.split;
+  const int w_k = warp % split, w_n = warp / split;
+  const int block_rows = kWarps / split * kWarpRows;
   const int kc = p.k / kLaneK;  // 16-byte chunks per row
   const int groups = p.k / G;
   const int iters = (kc + kIterChunks - 1) / kIterChunks;
-  const int count = w_k < iters ? (iters - 1 - w_k) / p.split + 1 : 0;  // the same for the whole warp
+  const int per_unit = w_k < iters ? (iters - 1 - w_k) / split + 1 : 0;  // the same for the whole warp
+  // The warp's row groups (units of kWarpRows rows): one, or under PERSIST (split 1) its share
+  // [unit0, unit0 + units) of all of them (seg_persist_blocks).
+  int unit0 = blockIdx.x * (kWarps / split) + w_n, units = 1;
+  if constexpr (PERSIST) {
+    const int64_t all = (p.n + kWarpRows - 1) / kWarpRows, warps = static_cast<int64_t>(gridDim.x) * kWarps;
+    const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+    unit0 = static_cast<int>(gw * all / warps);
+    units = static_cast<int>((gw + 1) * all / warps) - unit0;
+  }
+  const int count = units * per_unit;  // iterations, unit by unit
 
   // Element offsets fit in an int (the host checks n * k / 32). A zero-point word's block is that
   // of its first set's row; a row past n in it is never stored, so its nibble does not matter.
-  int rows[R], zshift[R], zrows[ZW];
-#pragma unroll
-  for (int a = 0; a < R; ++a) {
-    const int r = warp_row0 + M_PAD * a + pr;
-    rows[a] = min(r, p.n - 1);
-    zshift[a] = 4 * (r & 7);
-    if (M_PAD * a % 8 == 0) zrows[M_PAD * a / 8] = rows[a] >> 3;
-  }
-  // The lane's chunk in iteration e is chunk0 + e * step, its group group0 + e * step / (G / 32)
-  // (step is a multiple of G / 32). The offsets of iteration 0 are kept unsigned, so that each
-  // iteration's address is one add and one wide multiply-add; a row's scale offset is its chunk
-  // offset / (G / 32), as a row holds kc = groups * G / 32 chunks.
+  // The lane's chunk in iteration e of a unit is chunk0 + e * step, its group group0 +
+  // e * step / (G / 32) (step is a multiple of G / 32). The offsets of iteration 0 are kept
+  // unsigned, so that each iteration's address is one add and one wide multiply-add; a row's scale
+  // offset is its chunk offset / (G / 32), as a row holds kc = groups * G / 32 chunks.
   constexpr int kGroupShift = G == 128 ? 2 : G == 64 ? 1 : 0;
   static_assert(G >> kGroupShift == kLaneK, "G / 32 is a power of two");
   const int chunk0 = 4 * (w_k * SEG + seg) + t;
-  const int step = p.split * kIterChunks;
+  const int step = split * kIterChunks;
   const int group0 = chunk0 >> kGroupShift;
+  // Set a's offsets (weights, zero-point word) in unit `unit`; a row past n reads row n - 1.
+  auto unit_offsets = [&](int unit, unsigned (&woff)[R], unsigned (&zoff)[ZW]) {
+#pragma unroll
+    for (int a = 0; a < R; ++a) {
+      const int row = min(unit * kWarpRows + M_PAD * a + pr, p.n - 1);
+      woff[a] = row * kc + chunk0;
+      if (M_PAD * a % 8 == 0) zoff[M_PAD * a / 8] = (row >> 3) * groups + group0;
+    }
+  };
   unsigned woff[R], zoff[ZW];
-#pragma unroll
-  for (int a = 0; a < R; ++a) woff[a] = rows[a] * kc + chunk0;
-#pragma unroll
-  for (int w = 0; w < ZW; ++w) zoff[w] = zrows[w] * groups + group0;
+  unit_offsets(unit0, woff, zoff);
+  // Under PERSIST the issue side runs up to S - 1 iterations ahead of the compute side: its unit
+  // (iunit) and iteration in it (ie) are its own, and woff, zoff are its unit's.
+  int iunit = unit0, ie = 0;
   // x row pr in 16-byte units at the lane's first chunk; a row past m reads row 0 and feeds only
   // discarded columns.
   const uint4* xlane = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + (pr < p.m ? pr : 0) * p.stride_xm) +
@@ -782,11 +822,20 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 
   uint4 wr[S][R];
   uint32_t sr[S][R], zr[SYM ? 1 : S][ZW];
-  // Issues the loads of the warp's iteration f (nothing past count) into ring entry `slot`.
+  // Issues the loads of the warp's iteration f (nothing past count) into ring entry `slot`; under
+  // PERSIST the calls come in order of f, one each.
   auto issue = [&](int f, int slot) {
     if (f >= count) return;
-    const unsigned wf = f * step, gf = f * (step >> kGroupShift);
-    const bool ok = chunk0 + f * step < kc;
+    int e = f;
+    if constexpr (PERSIST) {
+      if (ie == per_unit) {
+        ie = 0;
+        unit_offsets(++iunit, woff, zoff);
+      }
+      e = ie++;
+    }
+    const unsigned wf = e * step, gf = e * (step >> kGroupShift);
+    const bool ok = chunk0 + e * step < kc;
 #pragma unroll
     for (int a = 0; a < R; ++a) {
       wr[slot][a] = ok ? detail::load_weights</*PREFETCH=*/false>(qw + (woff[a] + wf)) : make_uint4(0u, 0u, 0u, 0u);
@@ -804,6 +853,19 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
 
+  // C entry c of tile i: A row q (c < 2) or q + 8, column j = 2 t + c % 2. Each kept entry has
+  // exactly one lane, and every entry of every row of the slice is written.
+  float* slice = red + (w_k * block_rows + w_n * kWarpRows) * 8;
+  auto keep = [&]() {
+#pragma unroll
+    for (int i = 0; i < R / 2; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = 2 * t + c % 2;
+        if (j % SEG == seg) slice[(M_PAD * (2 * i + c / 2) + pr) * 8 + j] = acc[i][c];
+      }
+  };
+
   pdl_trigger();
 #pragma unroll
   for (int f = 0; f < S - 1; ++f) issue(f, f);
@@ -816,19 +878,22 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
     }
     __syncthreads();
   }
+  int unit = unit0, ce = 0;  // the compute side's unit and iteration in it (PERSIST)
   for (int e0 = 0; e0 < count; e0 += S) {
 #pragma unroll
     for (int u = 0; u < S; ++u) {
-      const int e = e0 + u;  // in ring entry u, as e0 % S == 0
-      if (e >= count) break;  // the same for the whole warp, as the mma needs
-      issue(e + S - 1, (u + S - 1) % S);  // into the entry iteration e - 1 used
+      const int f = e0 + u;  // in ring entry u, as e0 % S == 0
+      if (f >= count) break;  // the same for the whole warp, as the mma needs
+      issue(f + S - 1, (u + S - 1) % S);  // into the entry iteration f - 1 used
+      const int e = PERSIST ? ce : f;
       const unsigned xe = e * step;
       const bool ok = chunk0 + e * step < kc;
       uint32_t s2[R], z[R];
 #pragma unroll
       for (int a = 0; a < R; ++a) {
         s2[a] = sr[u][a] * 0x10001u;
-        z[a] = SYM ? 8u : (zr[SYM ? 0 : u][M_PAD * a / 8] >> zshift[a]) & 0xFu;
+        // Set a's row r has nibble r % 8 of its zero-point word (rows advance by kWarpRows a unit).
+        z[a] = SYM ? 8u : (zr[SYM ? 0 : u][M_PAD * a / 8] >> (4 * ((unit * kWarpRows + M_PAD * a + pr) & 7))) & 0xFu;
       }
       // With kScaleAfter the iteration's mma steps sum (q - z) x exactly into `part`, scaled once.
       float part[R / 2][4];
@@ -861,21 +926,27 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 #pragma unroll
           for (int c = 0; c < 4; ++c) acc[i][c] += bits_to_float<T>(sr[u][2 * i + c / 2]) * part[i][c];
       }
+      if constexpr (PERSIST) {
+        if (++ce == per_unit) {  // the unit's last iteration: its outputs, from the warp alone
+          keep();
+          __syncwarp();
+          detail::store_warp_outputs<T, SEG>(p, slice, unit * kWarpRows, kWarpRows);
+          __syncwarp();
+#pragma unroll
+          for (int i = 0; i < R / 2; ++i)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
+          ce = 0;
+          ++unit;
+        }
+      }
     }
   }
-
-  // C entry c of tile i: A row q (c < 2) or q + 8, column j = 2 t + c % 2. Each kept entry has
-  // exactly one lane, and every entry of every row of the slice is written.
-  float* slice = red + (w_k * block_rows + w_n * kWarpRows) * 8;
-#pragma unroll
-  for (int i = 0; i < R / 2; ++i)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int j = 2 * t + c % 2;
-      if (j % SEG == seg) slice[(M_PAD * (2 * i + c / 2) + pr) * 8 + j] = acc[i][c];
-    }
-  __syncthreads();
-  detail::store_outputs<T, 8, SEG>(p, red, block_rows);
+  if constexpr (!PERSIST) {
+    keep();
+    __syncthreads();
+    detail::store_outputs<T, 8, SEG>(p, red, block_rows);
+  }
 }
 #endif  // !W4_HIP
 
@@ -1168,9 +1239,9 @@ void launch_tile(const SkinnyParams& p, stream_t stream) {
 }
 
 #if !W4_HIP
-template <typename T, int M_PAD, int G, bool SYM, bool XS>
+template <typename T, int M_PAD, int G, bool SYM, bool XS, bool PERSIST>
 void launch_seg_kernel(const SkinnyParams& p, int blocks, int shared_bytes, stream_t stream) {
-  const auto kernel = skinny_seg_kernel<T, M_PAD, G, SYM, XS>;
+  const auto kernel = skinny_seg_kernel<T, M_PAD, G, SYM, XS, PERSIST>;
 #if !W4_EMU
   // Above 48 KiB of dynamic shared memory a kernel must opt in (per device, so on every launch).
   if (shared_bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
@@ -1178,13 +1249,17 @@ void launch_seg_kernel(const SkinnyParams& p, int blocks, int shared_bytes, stre
   launch_kernel(kernel, blocks, shared_bytes, p, stream);
 }
 
-template <typename T, int M_PAD, int G, bool SYM>
+template <typename T, int M_PAD, int G, bool SYM, int V>
 void launch_seg_tile(const SkinnyParams& p, stream_t stream) {
-  const int block_rows = kBlockThreads / 32 / p.split * kSegRowSets * M_PAD;
-  const int blocks = (p.n + block_rows - 1) / block_rows;
-  const int shared_bytes = p.variant == kVariantSegXs ? seg_x_shared_bytes(p.m, p.k, p.split) : 0;
-  if (shared_bytes > 0) return launch_seg_kernel<T, M_PAD, G, SYM, true>(p, blocks, shared_bytes, stream);
-  launch_seg_kernel<T, M_PAD, G, SYM, false>(p, blocks, 0, stream);
+  if constexpr (V == kVariantSegPersist) {  // settle_variant leaves it only where x fits in shared memory
+    launch_seg_kernel<T, M_PAD, G, SYM, true, true>(p, p.blocks, seg_x_shared_bytes(p.m, p.k, 1), stream);
+  } else {
+    const int block_rows = kBlockThreads / 32 / p.split * kSegRowSets * M_PAD;
+    const int blocks = (p.n + block_rows - 1) / block_rows;
+    const int shared_bytes = p.variant == kVariantSegXs ? seg_x_shared_bytes(p.m, p.k, p.split) : 0;
+    if (shared_bytes > 0) return launch_seg_kernel<T, M_PAD, G, SYM, true, false>(p, blocks, shared_bytes, stream);
+    launch_seg_kernel<T, M_PAD, G, SYM, false, false>(p, blocks, 0, stream);
+  }
 }
 
 template <typename T, int M_TILE, int G, bool SYM>
@@ -1208,12 +1283,12 @@ void launch_stream(const SkinnyParams& p, stream_t stream) {
   launch_stream_tile<T, 16, G, SYM>(p, stream);
 }
 
-template <typename T, int G, bool SYM>
+template <typename T, int G, bool SYM, int V>
 void launch_seg(const SkinnyParams& p, stream_t stream) {
   switch (seg_m_pad(p.m)) {
-    case 1: return launch_seg_tile<T, 1, G, SYM>(p, stream);
-    case 2: return launch_seg_tile<T, 2, G, SYM>(p, stream);
-    default: return launch_seg_tile<T, 4, G, SYM>(p, stream);
+    case 1: return launch_seg_tile<T, 1, G, SYM, V>(p, stream);
+    case 2: return launch_seg_tile<T, 2, G, SYM, V>(p, stream);
+    default: return launch_seg_tile<T, 4, G, SYM, V>(p, stream);
   }
 }
 #endif
@@ -1267,7 +1342,7 @@ void launch_variant(const SkinnyParams& p, stream_t stream) {
     } else {
       if (p.m > kSegMaxM) return launch_variant<T, E, kVariantRegs>(p, stream);
       if (static_cast<int64_t>(p.n) * (p.k / kLaneK) > INT32_MAX) return launch_variant<T, E, kVariantBase>(p, stream);
-      with_group(p, [&](auto g, auto sym) { launch_seg<T, decltype(g)::value, decltype(sym)::value>(p, stream); });
+      with_group(p, [&](auto g, auto sym) { launch_seg<T, decltype(g)::value, decltype(sym)::value, V>(p, stream); });
     }
 #endif
   } else {
@@ -1289,6 +1364,7 @@ void launch_engine(const SkinnyParams& p, stream_t stream) {
     case kVariantSeg: return launch_variant<T, E, kVariantSeg>(p, stream);
     case kVariantSegXs: return launch_variant<T, E, kVariantSegXs>(p, stream);
     case kVariantStream: return launch_variant<T, E, kVariantStream>(p, stream);
+    case kVariantSegPersist: return launch_variant<T, E, kVariantSegPersist>(p, stream);
     default: return launch_variant<T, E, kVariantBase>(p, stream);
   }
 }

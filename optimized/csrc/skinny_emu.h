@@ -128,7 +128,7 @@ struct Block {
 
 struct ThreadState {
   Block* block = nullptr;
-  unsigned int tid = 0, bid = 0;
+  unsigned int tid = 0, bid = 0, blocks = 0;
 };
 
 inline thread_local ThreadState self;
@@ -198,6 +198,7 @@ void launch(void (*kernel)(P), int blocks, int threads, const P& p, int shared_b
         self.block = &block;
         self.tid = static_cast<unsigned>(tid);
         self.bid = static_cast<unsigned>(b);
+        self.blocks = static_cast<unsigned>(blocks);
         kernel(p);
       });
     }
@@ -210,6 +211,7 @@ void launch(void (*kernel)(P), int blocks, int threads, const P& p, int shared_b
 // The CUDA spellings the kernel and compat.h use.
 #define threadIdx (w4emu_dim{w4emu::self.tid})
 #define blockIdx (w4emu_dim{w4emu::self.bid})
+#define gridDim (w4emu_dim{w4emu::self.blocks})
 
 inline void __syncthreads() { w4emu::syncthreads(); }
 inline void __syncwarp() { w4emu::syncwarp(); }

@@ -46,9 +46,16 @@ enum class Engine : int { kSimt = 0, kMma = 1 };
 
 // The kernels, for the op's `variant` argument; optimized/skinny.py VARIANTS lists the names in
 // the same order:
-// kVariantNames: base, regs_s4, seg_r4, seg_xs, stream
-enum Variant : int { kVariantBase = 0, kVariantRegs = 1, kVariantSeg = 2, kVariantSegXs = 3, kVariantStream = 4 };
-constexpr int kNumVariants = 5;
+// kVariantNames: base, regs_s4, seg_r4, seg_xs, stream, seg_p
+enum Variant : int {
+  kVariantBase = 0,
+  kVariantRegs = 1,
+  kVariantSeg = 2,
+  kVariantSegXs = 3,
+  kVariantStream = 4,
+  kVariantSegPersist = 5
+};
+constexpr int kNumVariants = 6;
 constexpr int kAutoVariant = -1;  // default_variant(m), per call
 
 // How a call overlaps the kernel before it on the stream; optimized/skinny.py OVERLAPS lists the
@@ -93,20 +100,12 @@ W4_HD constexpr int resolve_variant(int variant, int m) {
   return variant == kAutoVariant ? default_variant(m) : variant;
 }
 
-W4_HD constexpr bool is_seg(int variant) { return variant == kVariantSeg || variant == kVariantSegXs; }
+W4_HD constexpr bool is_seg(int variant) {
+  return variant == kVariantSeg || variant == kVariantSegXs || variant == kVariantSegPersist;
+}
 
 // The streaming kernel's unit of K: one ring slot holds 32 rows x kStreamPieceK k.
 constexpr int kStreamPieceK = 128;
-
-// The kernel that runs for a resolved variant: the segmented one exists for the mma engine at
-// M <= kSegMaxM, other calls of it run regs_s4; the streaming one for the mma engine at
-// K % kStreamPieceK == 0, other calls of it run what the default ran before it: regs_s4 up to
-// kRegsMaxM, base above.
-W4_HD constexpr int settle_variant(int variant, int m, bool mma, int k) {
-  return is_seg(variant) && (!mma || m > kSegMaxM)                           ? kVariantRegs
-         : variant == kVariantStream && (!mma || k % kStreamPieceK != 0) ? (m <= kRegsMaxM ? kVariantRegs : kVariantBase)
-                                                                          : variant;
-}
 
 // Columns of x the segmented kernel's mma tile holds: M rounded up to a power of two.
 W4_HD constexpr int seg_m_pad(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : 4; }
@@ -119,6 +118,34 @@ W4_HD constexpr int seg_m_pad(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : 4; }
 constexpr int kSegXsMaxBytes = 96 * 1024;
 W4_HD constexpr int seg_x_shared_bytes(int m, int k, int split) {
   return split == 1 && static_cast<long long>(seg_m_pad(m)) * 2 * k <= kSegXsMaxBytes ? seg_m_pad(m) * 2 * k : 0;
+}
+
+// The kernel that runs for a resolved variant: the segmented ones exist for the mma engine at
+// M <= kSegMaxM, other calls of them run regs_s4, and seg_p where x fits in shared memory
+// (seg_x_shared_bytes at split 1), seg_r4 elsewhere; the streaming one for the mma engine at
+// K % kStreamPieceK == 0, other calls of it run what the default ran before it: regs_s4 up to
+// kRegsMaxM, base above.
+W4_HD constexpr int settle_variant(int variant, int m, bool mma, int k) {
+  return is_seg(variant) && (!mma || m > kSegMaxM)                             ? kVariantRegs
+         : variant == kVariantSegPersist && seg_x_shared_bytes(m, k, 1) == 0 ? kVariantSeg
+         : variant == kVariantStream && (!mma || k % kStreamPieceK != 0)     ? (m <= kRegsMaxM ? kVariantRegs : kVariantBase)
+                                                                              : variant;
+}
+
+// seg_p's grid: the segmented kernel's warps, each owning whole row groups (kSegRowSets x M_PAD
+// rows, all of K) back to back, so that a warp's loads run on from one row group into the next
+// with no block launch, wave or tail between them. A warp's time is about its row groups' count,
+// so the grid is the fewest warps that give no warp more than the least possible maximum (at most
+// kMinBlocks blocks an SM): every warp then holds the same count, give or take one, and all of them
+// keep their loads in flight until the end. Against seg_xs, whose blocks of 32..128 rows run in
+// waves of num_sms * kMinBlocks, this removes the last partial wave and the per-block ramp.
+inline int seg_persist_blocks(int n, int m, int num_sms) {
+  const int warps_per_block = kBlockThreads / 32;
+  const int64_t units = (static_cast<int64_t>(n) + kSegRowSets * seg_m_pad(m) - 1) / (kSegRowSets * seg_m_pad(m));
+  const int64_t max_warps = static_cast<int64_t>(num_sms) * kMinBlocks * warps_per_block;
+  const int64_t per_warp = (units + max_warps - 1) / max_warps;
+  const int64_t warps = (units + per_warp - 1) / per_warp;
+  return static_cast<int>((warps + warps_per_block - 1) / warps_per_block);
 }
 
 // One call's arguments, in the layout of optimized/contract.py (T = half_t or bf16_t):
@@ -142,7 +169,9 @@ struct SkinnyParams {
   int m, n, k;
   int group_size;  // 32, 64 or 128
   int split;       // warps of a block sharing each row, splitting K: 1, 2, 4 (or 8 on wave32);
-                   // the streaming kernel: blocks sharing each row (stream_workspace_floats)
+                   // the streaming kernel: blocks sharing each row (stream_workspace_floats);
+                   // seg_p: 1
+  int blocks;      // seg_p: its grid (plan_blocks); other kernels size their own grid
   int variant;     // a Variant (resolve_variant)
   int overlap;     // an Overlap
 };
@@ -217,6 +246,7 @@ inline int tile_rows(int variant, int m) {
 inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int variant) {
   const int warps = kBlockThreads / warp_size;
   const int rows = tile_rows(variant, m);
+  if (variant == kVariantSegPersist) return 1;
   if (variant != kVariantBase) {
     const int iter_k = is_seg(variant) ? 8 / seg_m_pad(m) * kIterK : kIterK;
     const int iters = (k + iter_k - 1) / iter_k;
@@ -287,6 +317,11 @@ inline int plan_split(const SkinnyParams& p, int num_sms, int warp_size, int max
   return choose_split(p.n, p.m, p.k, num_sms, warp_size, p.variant);
 }
 
+// p.blocks for a call whose p.variant is settled and whose other fields are set.
+inline int plan_blocks(const SkinnyParams& p, int num_sms) {
+  return p.variant == kVariantSegPersist ? seg_persist_blocks(p.n, p.m, num_sms) : 0;
+}
+
 // fp32 elements of p.partials the call needs (0: none).
 inline int64_t stream_workspace_floats(const SkinnyParams& p) {
   return p.variant == kVariantStream && p.split > 1 ? static_cast<int64_t>(p.split) * p.m * p.n : 0;
@@ -295,7 +330,7 @@ inline int64_t stream_workspace_floats(const SkinnyParams& p) {
 // Queues the kernels of one call on `stream` (a cudaStream_t, or hipStream_t on ROCm). p must be
 // complete: validated arguments (1 <= m <= kMaxM, group_size in {32, 64, 128}, alignment), p.variant
 // settled (settle_variant(resolve_variant(...), ...)), p.split set (plan_split, or a checked forced
-// split), p.partials set where stream_workspace_floats(p) > 0, p.overlap settled for the device.
+// split), p.blocks set (plan_blocks), p.partials set where stream_workspace_floats(p) > 0, p.overlap settled for the device.
 // x, scales, bias and y are bfloat16 when bf16, else float16. kMma needs CUDA sm_80+; on HIP only
 // kSimt is compiled. Defined in skinny_launch.cu; a launch error is left for the caller's check.
 void launch(const SkinnyParams& p, Engine engine, bool bf16, void* stream);

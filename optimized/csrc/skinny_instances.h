@@ -14,8 +14,8 @@
 
 #define W4_ALL_INSTANCES(X)                                                                \
   W4_VARIANT_INSTANCES(X, 0) W4_VARIANT_INSTANCES(X, 1) W4_VARIANT_INSTANCES(X, 2) W4_VARIANT_INSTANCES(X, 3) \
-  W4_VARIANT_INSTANCES(X, 4)
-static_assert(::w4::kNumVariants == 5, "W4_ALL_INSTANCES and skinny_inst_v*.cu list every variant");
+  W4_VARIANT_INSTANCES(X, 4) W4_VARIANT_INSTANCES(X, 5)
+static_assert(::w4::kNumVariants == 6, "W4_ALL_INSTANCES and skinny_inst_v*.cu list every variant");
 
 #define W4_EXTERN_INSTANCE(T, E, V) \
   extern template void ::w4::detail::launch_variant<T, E, V>(const ::w4::SkinnyParams&, ::w4::stream_t);
