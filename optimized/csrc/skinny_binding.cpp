@@ -143,6 +143,7 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   p.group_size = static_cast<int>(group_size);
   p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(variant), p.m), p.m,
                                  kind == w4::Engine::kMma, p.k);
+  w4::plan_persist(p, prop->multiProcessorCount);
   const int max_shared = static_cast<int>(prop->sharedMemPerBlockOptin);
   TORCH_CHECK(split >= 0, "skinny_matmul: split must be 0 (the plan's) or positive, got ", num(split));
   TORCH_CHECK(split == 0 || variant == w4::kVariantStream,
@@ -158,7 +159,6 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   } else {
     p.split = w4::plan_split(p, prop->multiProcessorCount, prop->warpSize, max_shared);
   }
-  p.blocks = w4::plan_blocks(p, prop->multiProcessorCount);
   at::Tensor partials;  // kept alive until the launches are queued; the stream orders its reuse
   if (const int64_t floats = w4::stream_workspace_floats(p); floats > 0) {
     partials = at::empty({floats}, x.options().dtype(at::kFloat));

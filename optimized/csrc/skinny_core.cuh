@@ -746,7 +746,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
 // seg_x_shared_bytes), piece j of chunk c of row r at xs[(4 r + j) kc + c]: the lanes' loads of
 // one j are then consecutive 16-byte pieces, 4 wavefronts per 512 bytes, no bank conflicts.
 //
-// PERSIST (seg_p; split 1, XS): the grid is seg_persist_blocks' blocks, and warp gw of W owns row
+// PERSIST (seg_p; split 1, XS): the grid is plan_seg_persist's blocks, and warp gw of W owns row
 // groups (kWarpRows rows each) [gw U / W, (gw + 1) U / W) of all U. Its iterations run unit by
 // unit through the same ring, so the loads of the next unit's first iterations are in flight
 // while the warp finishes a unit; at a unit's last iteration the warp adds its C entries through
@@ -779,7 +779,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   const int iters = (kc + kIterChunks - 1) / kIterChunks;
   const int per_unit = w_k < iters ? (iters - 1 - w_k) / split + 1 : 0;  // the same for the whole warp
   // The warp's row groups (units of kWarpRows rows): one, or under PERSIST (split 1) its share
-  // [unit0, unit0 + units) of all of them (seg_persist_blocks).
+  // [unit0, unit0 + units) of all of them (plan_seg_persist).
   int unit0 = blockIdx.x * (kWarps / split) + w_n, units = 1;
   if constexpr (PERSIST) {
     const int64_t all = (p.n + kWarpRows - 1) / kWarpRows, warps = static_cast<int64_t>(gridDim.x) * kWarps;

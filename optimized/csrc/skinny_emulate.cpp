@@ -76,10 +76,10 @@ int main(int argc, char** argv) {
   p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(h[8]), p.m), p.m,
                                  engine == w4::Engine::kMma, p.k);
   // The H100/H200 opt-in limit of dynamic shared memory a block.
+  w4::plan_persist(p, static_cast<int>(h[10]));
   // A forced split (h[12]) steers the kernels that take one; seg_p always runs at split 1.
   p.split = h[12] > 0 && p.variant != w4::kVariantSegPersist ? static_cast<int>(h[12])
                                                               : w4::plan_split(p, static_cast<int>(h[10]), 32, 227 * 1024);
-  p.blocks = w4::plan_blocks(p, static_cast<int>(h[10]));
   std::vector<float> partials(static_cast<size_t>(w4::stream_workspace_floats(p)));
   p.partials = partials.empty() ? nullptr : partials.data();
 

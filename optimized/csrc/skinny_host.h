@@ -74,8 +74,10 @@ constexpr int kAutoVariant = -1;  // default_variant(m), per call
 enum Overlap : int { kOverlapNone = 0, kOverlapWeights = 1 };
 constexpr int kNumOverlaps = 2;
 
-// The default: seg_xs (seg_r4 but at split 1, see seg_x_shared_bytes) at M <= kSegMaxM, regs_s4
-// up to M = kRegsMaxM, stream above (base where stream cannot run, see settle_variant). Stream
+// The default: seg_p (seg_xs on a persistent grid where that has 2 or more row groups a warp,
+// seg_xs elsewhere, see seg_persist_blocks; seg_xs is seg_r4 at split 1, see seg_x_shared_bytes) at
+// M <= kSegMaxM, regs_s4 up to M = kRegsMaxM, stream above (base where stream cannot run, see
+// settle_variant). Stream
 // against base at M = 9 and 16 on an H100 (session 22; 5 decode shapes x fp16 sym / bf16 asym,
 // bench/results/h100/skinny_variants_s22.txt): 1.04-1.65x faster at M = 16 in all 10 cells,
 // 1.16-1.39x at M = 9 in 8 of 10 and 4% slower on K14336 x N4096; at M = 5..8 it was slower than
@@ -92,7 +94,7 @@ constexpr int kNumOverlaps = 2;
 constexpr int kRegsMaxM = 8;
 
 W4_HD constexpr int default_variant(int m) {
-  return m <= kSegMaxM ? kVariantSegXs : m <= kRegsMaxM ? kVariantRegs : kVariantStream;
+  return m <= kSegMaxM ? kVariantSegPersist : m <= kRegsMaxM ? kVariantRegs : kVariantStream;
 }
 
 // The variant asked for: `variant` itself, or for kAutoVariant the default at m rows.
@@ -132,19 +134,29 @@ W4_HD constexpr int settle_variant(int variant, int m, bool mma, int k) {
                                                                               : variant;
 }
 
-// seg_p's grid: the segmented kernel's warps, each owning whole row groups (kSegRowSets x M_PAD
-// rows, all of K) back to back, so that a warp's loads run on from one row group into the next
-// with no block launch, wave or tail between them. A warp's time is about its row groups' count,
-// so the grid is the fewest warps that give no warp more than the least possible maximum (at most
-// kMinBlocks blocks an SM): every warp then holds the same count, give or take one, and all of them
-// keep their loads in flight until the end. Against seg_xs, whose blocks of 32..128 rows run in
-// waves of num_sms * kMinBlocks, this removes the last partial wave and the per-block ramp.
+// seg_p's grid: blocks of the segmented kernel's warps, each owning whole row groups
+// (kSegRowSets x M_PAD rows, all of K) back to back, so that its loads run on from one row group
+// into the next with no block launch, wave or tail between them. A warp's time is about its row
+// groups' count, so the grid is the fewest warps that give no warp more than the least possible
+// maximum (at most kMinBlocks blocks an SM). Where that maximum is one row group a warp, the
+// kernel is seg_xs at split 1 on a grid of its own; and since a warp's bytes in flight are fixed
+// (its ring), a grid of few warps is slow. A first plan on an H100 (4 row sets a warp, or 2 with a
+// deeper ring for twice the row groups, wherever the grid filled 75% of the SMs' warp slots;
+// bench/results/h100/skinny_s26_trial_seg_p.md against skinny_s26_trial_default.md, 27 shapes x
+// M 1..4) took 0.82-0.985x seg_xs's time in all 36 cells with 4 row sets and 2 or more row groups
+// a warp on 77-97% of the slots; 0.82-1.08x with one a warp; 0.88-1.22x with 2 row sets. So
+// seg_p plans 4 row sets, 2 or more row groups a warp, on at least kSegPersistFill % of the warp
+// slots, and seg_xs runs elsewhere (0 blocks): then 0.82-0.995x seg_xs's time in those 36 cells,
+// geometric mean 0.92 (skinny_s26.md against skinny_s26_seg_xs.md).
+constexpr int kSegPersistFill = 75;
 inline int seg_persist_blocks(int n, int m, int num_sms) {
   const int warps_per_block = kBlockThreads / 32;
-  const int64_t units = (static_cast<int64_t>(n) + kSegRowSets * seg_m_pad(m) - 1) / (kSegRowSets * seg_m_pad(m));
+  const int64_t rows = static_cast<int64_t>(kSegRowSets) * seg_m_pad(m);
+  const int64_t units = (n + rows - 1) / rows;
   const int64_t max_warps = static_cast<int64_t>(num_sms) * kMinBlocks * warps_per_block;
   const int64_t per_warp = (units + max_warps - 1) / max_warps;
   const int64_t warps = (units + per_warp - 1) / per_warp;
+  if (per_warp < 2 || 100 * warps < kSegPersistFill * max_warps) return 0;
   return static_cast<int>((warps + warps_per_block - 1) / warps_per_block);
 }
 
@@ -171,7 +183,7 @@ struct SkinnyParams {
   int split;       // warps of a block sharing each row, splitting K: 1, 2, 4 (or 8 on wave32);
                    // the streaming kernel: blocks sharing each row (stream_workspace_floats);
                    // seg_p: 1
-  int blocks;      // seg_p: its grid (plan_blocks); other kernels size their own grid
+  int blocks;      // seg_p: its grid (plan_persist); other kernels size their own grid
   int variant;     // a Variant (resolve_variant)
   int overlap;     // an Overlap
 };
@@ -317,9 +329,12 @@ inline int plan_split(const SkinnyParams& p, int num_sms, int warp_size, int max
   return choose_split(p.n, p.m, p.k, num_sms, warp_size, p.variant);
 }
 
-// p.blocks for a call whose p.variant is settled and whose other fields are set.
-inline int plan_blocks(const SkinnyParams& p, int num_sms) {
-  return p.variant == kVariantSegPersist ? seg_persist_blocks(p.n, p.m, num_sms) : 0;
+// For a call whose p.variant is settled and whose other fields but the split are set: seg_p's
+// grid (p.blocks), or p.variant = seg_xs where it has none. Before plan_split.
+inline void plan_persist(SkinnyParams& p, int num_sms) {
+  if (p.variant != kVariantSegPersist) return;
+  p.blocks = seg_persist_blocks(p.n, p.m, num_sms);
+  if (p.blocks == 0) p.variant = kVariantSegXs;
 }
 
 // fp32 elements of p.partials the call needs (0: none).
@@ -330,7 +345,7 @@ inline int64_t stream_workspace_floats(const SkinnyParams& p) {
 // Queues the kernels of one call on `stream` (a cudaStream_t, or hipStream_t on ROCm). p must be
 // complete: validated arguments (1 <= m <= kMaxM, group_size in {32, 64, 128}, alignment), p.variant
 // settled (settle_variant(resolve_variant(...), ...)), p.split set (plan_split, or a checked forced
-// split), p.blocks set (plan_blocks), p.partials set where stream_workspace_floats(p) > 0, p.overlap settled for the device.
+// split), plan_persist applied, p.partials set where stream_workspace_floats(p) > 0, p.overlap settled for the device.
 // x, scales, bias and y are bfloat16 when bf16, else float16. kMma needs CUDA sm_80+; on HIP only
 // kSimt is compiled. Defined in skinny_launch.cu; a launch error is left for the caller's check.
 void launch(const SkinnyParams& p, Engine engine, bool bf16, void* stream);
