@@ -30,9 +30,10 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # are staged in shared memory once a block, and blocks split K (a second kernel adds their fp32
 # partial sums in a fixed order) where that fills the GPU better (mma engine at K % 128 == 0,
 # every M; other calls run regs_s4 up to REGS_MAX_M, base above); "seg_p": seg_xs's kernel on a
-# persistent grid (at most 2 blocks an SM), each warp running whole row groups back to back with
-# its loads running on from one into the next, and x in shared memory where it fits (mma engine at
-# M <= SEG_MAX_M; other calls run regs_s4).
+# persistent grid (at most 2 blocks an SM), each warp running 2 or more whole row groups back to
+# back with its loads running on from one into the next (mma engine at M <= SEG_MAX_M, where x fits
+# in SEG_XS_MAX_BYTES and that grid fills 3/4 of the SMs' warp slots; seg_xs runs where the grid
+# does not, seg_r4 where x does not fit, regs_s4 on other calls).
 VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs", "stream", "seg_p")
 # variant=-1 (the default) picks per call in the kernel's host dispatch: seg_p at M <= SEG_MAX_M
 # (which runs seg_xs where its grid would give a warp one row group, or fill under 3/4 of the
