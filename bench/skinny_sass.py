@@ -65,7 +65,7 @@ def kernels() -> list[Kernel]:
         Kernel("M = 1 (seg_xs, x copied)", "seg_xs", "skinny_seg_kernel", "Li1ELi{g}ELb{sym}ELb1ELb0E", seg),
         Kernel("M = 2 (seg_xs, x copied)", "seg_xs", "skinny_seg_kernel", "Li2ELi{g}ELb{sym}ELb1ELb0E", seg),
         Kernel("M = 3..4 (seg_xs, x copied)", "seg_xs", "skinny_seg_kernel", "Li4ELi{g}ELb{sym}ELb1ELb0E", seg),
-        Kernel("M = 1 (seg_p, persistent)", "seg_p", "skinny_seg_kernel", "Li1ELi{g}ELb{sym}ELb1ELb1E", seg),
+        Kernel("M = 1 (seg_p; the loop holds 3 row-group ends)", "seg_p", "skinny_seg_kernel", "Li1ELi{g}ELb{sym}ELb1ELb1E", seg),
         Kernel("M <= 8 (regs_s4)", "regs_s4", "skinny_pipe_kernel", "Li8ELi{g}ELb{sym}ELNS_6EngineE1E",
                kernel_constant("kPipeStages") * rows * lane_k),
         Kernel("M 9..16 (base)", "base", "skinny_kernel", "Li16ELi{g}ELb{sym}ELNS_6EngineE1E", 4 * rows * lane_k),
