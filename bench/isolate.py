@@ -48,3 +48,12 @@ def child(script: str, args: list[str]) -> dict | list:
         row["backtrace"] = native_stack(command)
         print(f"  native stack of the crash ({debugger()}):\n{row['backtrace']}", flush=True)
     return row
+
+
+def stack_sections(rows: list[dict], name) -> list[str]:
+    """Markdown sections, one a row of `child` that holds a native stack, titled name(row)."""
+    lines: list[str] = []
+    for r in rows:
+        if r.get("backtrace"):
+            lines += ["", f"Native stack of {name(r)}:", "", "```", r["backtrace"], "```"]
+    return lines

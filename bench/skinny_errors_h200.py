@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.isolate import child  # noqa: E402
+from bench.isolate import child, stack_sections  # noqa: E402
 from bench.skinny_h200 import random_packs  # noqa: E402
 from optimized import skinny  # noqa: E402
 
@@ -149,9 +149,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r.get('split', '-')} | " + (f"refused: {r['refused']}" if "refused" in r else
                      f"crashed, exit status {r['returncode']}" if "returncode" in r else
                      f"max relative difference {r['max_rel_diff']:.2e}") + " |")
-    for r in [*result["cases"], *result["splits"]]:
-        if r.get("backtrace"):
-            lines += ["", f"Native stack of {r.get('case', 'the split sweep')}:", "", "```", r["backtrace"], "```"]
+    lines += stack_sections([*result["cases"], *result["splits"]], lambda r: r.get("case", "the split sweep"))
     return "\n".join(lines) + "\n"
 
 

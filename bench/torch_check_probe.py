@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.isolate import child, debugger  # noqa: E402
+from bench.isolate import child, debugger, stack_sections  # noqa: E402
 
 CHECKS = r"""
 #include <ATen/ATen.h>
@@ -111,9 +111,7 @@ def markdown(result: dict) -> str:
     for r in result["cases"]:
         said = r.get("said") or f"crashed, exit status {r.get('returncode')}"
         lines.append(f"| {r['case']} | {r['unit']} | {'yes' if r['ok'] else 'NO'} | {said} |")
-    for r in result["cases"]:
-        if r.get("backtrace"):
-            lines += ["", f"Native stack of {r['case']} ({r['unit']}):", "", "```", r["backtrace"], "```"]
+    lines += stack_sections(result["cases"], lambda r: f"{r['case']} ({r['unit']})")
     return "\n".join(lines) + "\n"
 
 
