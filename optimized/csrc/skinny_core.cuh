@@ -477,40 +477,23 @@ struct MmaPipeAccumulator {
 #endif  // !W4_HIP
 
 
-// Each output is the sum of its split * PARTS partials in K order, plus bias, rounded once. red:
-// [split][block_rows][ROW] with output m of a row at entries PARTS m .. PARTS m + PARTS - 1 (the
-// pipelined and base kernels: ROW = M_TILE, PARTS = 1). Called by every thread of the block after
-// a barrier.
-template <typename T, int ROW, int PARTS = 1>
-__device__ __forceinline__ void store_outputs(const SkinnyParams& p, const float* red, int block_rows) {
+// Rows [row0, row0 + rows) of the output: each is the sum of its splits * PARTS partials in K
+// order, plus bias, rounded once. red: [splits][rows][ROW] with output m of a row at entries
+// PARTS m .. PARTS m + PARTS - 1 (the pipelined and base kernels: ROW = M_TILE, PARTS = 1). Called
+// after a barrier by every thread of a group of THREADS: the block (its tile, split p.split), or
+// under seg_p one warp (its row group, split 1).
+template <typename T, int ROW, int PARTS = 1, int THREADS = kBlockThreads>
+__device__ __forceinline__ void store_outputs(const SkinnyParams& p, const float* red, int row0, int rows, int splits) {
   T* __restrict__ y = static_cast<T*>(p.y);
   const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
-  for (int idx = threadIdx.x; idx < block_rows * p.m; idx += kBlockThreads) {
-    const int m = idx / block_rows, r = idx % block_rows;
-    const int n = blockIdx.x * block_rows + r;
+  for (int idx = threadIdx.x % THREADS; idx < rows * p.m; idx += THREADS) {
+    const int m = idx / rows, r = idx % rows;
+    const int n = row0 + r;
     if (n >= p.n) continue;
     float v = 0.f;
-    for (int s = 0; s < p.split; ++s)
+    for (int s = 0; s < splits; ++s)
 #pragma unroll
-      for (int part = 0; part < PARTS; ++part) v += red[(s * block_rows + r) * ROW + PARTS * m + part];
-    if (bias != nullptr) v += bits_to_float<T>(load_bias(bias + n));
-    y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
-  }
-}
-
-// store_outputs for one warp's `rows` rows from row0 (seg_p's row groups, split 1): each output is
-// the sum of its PARTS partials at slice[r * 8 + PARTS m ..], plus bias, rounded once. Called by
-// every lane of the warp after a warp barrier.
-template <typename T, int PARTS>
-__device__ __forceinline__ void store_warp_outputs(const SkinnyParams& p, const float* slice, int row0, int rows) {
-  T* __restrict__ y = static_cast<T*>(p.y);
-  const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
-  for (int idx = threadIdx.x % 32; idx < rows * p.m; idx += 32) {
-    const int m = idx / rows, r = idx % rows, n = row0 + r;
-    if (n >= p.n) continue;
-    float v = 0.f;
-#pragma unroll
-    for (int part = 0; part < PARTS; ++part) v += slice[r * 8 + PARTS * m + part];
+      for (int part = 0; part < PARTS; ++part) v += red[(s * rows + r) * ROW + PARTS * m + part];
     if (bias != nullptr) v += bits_to_float<T>(load_bias(bias + n));
     y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
   }
@@ -587,7 +570,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_kernel(const 
   pdl_wait();  // for a warp without iterations, before the block writes y; at once for the others
   accum.deposit(red + (w_k * block_rows + w_n * kWarpRows) * M_TILE, quad, t);
   __syncthreads();
-  detail::store_outputs<T, M_TILE>(p, red, block_rows);
+  detail::store_outputs<T, M_TILE>(p, red, blockIdx.x * block_rows, block_rows, p.split);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -719,7 +702,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
 
   accum.deposit(red + (w_k * block_rows + w_n * kWarpRows) * M_TILE, quad, t);
   __syncthreads();
-  detail::store_outputs<T, M_TILE>(p, red, block_rows);
+  detail::store_outputs<T, M_TILE>(p, red, blockIdx.x * block_rows, block_rows, p.split);
 }
 
 #if !W4_HIP
@@ -750,8 +733,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
 // groups (kWarpRows rows each) [gw U / W, (gw + 1) U / W) of all U. Its iterations run unit by
 // unit through the same ring, so the loads of the next unit's first iterations are in flight
 // while the warp finishes a unit; at a unit's last iteration the warp adds its C entries through
-// its own slice of `red` and stores them (store_warp_outputs), with no block barrier. A unit's
-// sums are formed as seg_xs forms them at split 1: each row's bits equal seg_xs's.
+// its own slice of `red` and stores them (store_outputs over the warp), with no block barrier. A
+// unit's sums are formed as seg_xs forms them at split 1: each row's bits equal seg_xs's.
 template <typename T, int M_PAD, int G, bool SYM, bool XS, bool PERSIST>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(const SkinnyParams p) {
   constexpr int R = kSegRowSets, SEG = 8 / M_PAD, S = 3;
@@ -930,7 +913,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
         if (++ce == per_unit) {  // the unit's last iteration: its outputs, from the warp alone
           keep();
           __syncwarp();
-          detail::store_warp_outputs<T, SEG>(p, slice, unit * kWarpRows, kWarpRows);
+          detail::store_outputs<T, 8, SEG, 32>(p, slice, unit * kWarpRows, kWarpRows, 1);
           __syncwarp();
 #pragma unroll
           for (int i = 0; i < R / 2; ++i)
@@ -945,7 +928,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   if constexpr (!PERSIST) {
     keep();
     __syncthreads();
-    detail::store_outputs<T, 8, SEG>(p, red, block_rows);
+    detail::store_outputs<T, 8, SEG>(p, red, blockIdx.x * block_rows, block_rows, split);
   }
 }
 #endif  // !W4_HIP
