@@ -862,6 +862,13 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
     __syncthreads();
   }
   int unit = unit0, ce = 0;  // the compute side's unit and iteration in it (PERSIST)
+  // Set a's zero-point nibble in the compute side's unit: row r has nibble r % 8 of its word.
+  int zshift[R];
+  auto unit_shifts = [&]() {
+#pragma unroll
+    for (int a = 0; a < R; ++a) zshift[a] = 4 * ((unit * kWarpRows + M_PAD * a + pr) & 7);
+  };
+  unit_shifts();
   for (int e0 = 0; e0 < count; e0 += S) {
 #pragma unroll
     for (int u = 0; u < S; ++u) {
@@ -875,8 +882,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 #pragma unroll
       for (int a = 0; a < R; ++a) {
         s2[a] = sr[u][a] * 0x10001u;
-        // Set a's row r has nibble r % 8 of its zero-point word (rows advance by kWarpRows a unit).
-        z[a] = SYM ? 8u : (zr[SYM ? 0 : u][M_PAD * a / 8] >> (4 * ((unit * kWarpRows + M_PAD * a + pr) & 7))) & 0xFu;
+        z[a] = SYM ? 8u : (zr[SYM ? 0 : u][M_PAD * a / 8] >> zshift[a]) & 0xFu;
       }
       // With kScaleAfter the iteration's mma steps sum (q - z) x exactly into `part`, scaled once.
       float part[R / 2][4];
@@ -921,6 +927,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
             for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
           ce = 0;
           ++unit;
+          unit_shifts();
         }
       }
     }
