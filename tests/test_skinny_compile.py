@@ -145,11 +145,14 @@ int main() {
       p.m = m; p.n = n; p.k = n == 4096 ? 14336 : 8192; p.group_size = 128;
       p.zeros = reinterpret_cast<const uint32_t*>(16);  // asymmetric: any non-null pointer
       p.variant = w4::settle_variant(w4::resolve_variant(w4::kAutoVariant, m), m, true, p.k);
-      w4::plan_persist(p, 132);
-      p.split = w4::plan_split(p, 132, 32, 227 * 1024);
-      const int shared = p.variant == w4::kVariantStream
-          ? w4::stream_layout(m, p.k, p.group_size, false, p.split).bytes : 0;
-      std::printf("%d %d %d %d %lld\n", p.variant, p.split, p.blocks, shared,
+      const w4::DeviceLimits limits{132, 32, 227 * 1024, 228 * 1024};
+      w4::plan_persist(p, limits.num_sms);
+      p.split = w4::plan_split(p, limits);
+      w4::plan_stages(p, limits);
+      const w4::StreamLayout layout = w4::stream_layout(m, p.k, p.group_size, false, p.split, p.stages);
+      const bool stream = p.variant == w4::kVariantStream;
+      std::printf("%d %d %d %d %d %d %lld\n", p.variant, p.split, p.blocks, stream ? layout.bytes : 0, p.stages,
+                  stream ? w4::stream_resident_blocks(layout, limits.smem_per_sm) : 0,
                   static_cast<long long>(w4::stream_workspace_floats(p)));
     }
   }
@@ -163,7 +166,9 @@ def test_binding_plan_builds_with_the_host_compiler(tmp_path):
     sense: the default variant per M (seg_p where its grid gives a warp 2 or more row groups:
     N = 57344 at M <= 4, 2 or 4 of them a warp, on 132 SMs; at N = 4096, 1 a warp, seg_xs, or
     seg_r4 where x is over SEG_XS_MAX_BYTES), a split
-    that fits shared memory, a workspace exactly when the stream kernel splits K."""
+    that fits shared memory, a workspace exactly when the stream kernel splits K, and for the
+    stream kernel at M 9..16 a ring (4 slots, or 2 at M >= 10 of K 8192 x N 57344, whose x would
+    leave one block an SM) with which two blocks share an SM."""
     gxx = find_compiler("g++")
     source = tmp_path / "plan.cpp"
     source.write_text(HOST_PLAN_PROGRAM)
@@ -174,7 +179,7 @@ def test_binding_plan_builds_with_the_host_compiler(tmp_path):
     stream, seg_p = skinny.VARIANTS.index("stream"), skinny.VARIANTS.index("seg_p")
     for i, line in enumerate(lines):
         n, m = (4096, 57344)[i // skinny.MAX_M], i % skinny.MAX_M + 1
-        variant, split, blocks, shared, workspace = (int(v) for v in line.split())
+        variant, split, blocks, shared, stages, resident, workspace = (int(v) for v in line.split())
         expected = skinny.default_variant(m)
         if n == 4096 and m <= skinny.SEG_MAX_M:  # x rows of 14336 fit SEG_XS_MAX_BYTES at M_PAD <= 2 only
             expected = skinny.VARIANTS.index("seg_xs" if m <= 2 else "seg_r4")
@@ -182,6 +187,10 @@ def test_binding_plan_builds_with_the_host_compiler(tmp_path):
         assert (blocks > 0) == (variant == seg_p) and blocks <= 132 * 2, (n, m, line)
         assert split >= 1 and shared <= 227 * 1024, (n, m, line)
         assert workspace == (split * m * n if variant == stream and split > 1 else 0), (n, m, line)
+        if variant == stream:
+            assert resident == 2 and stages == (2 if n == 57344 and m >= 10 else 4), (n, m, line)
+        else:
+            assert stages == 0, (n, m, line)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,7 +213,7 @@ def build_emulator(out_dir: Path, sanitize: bool = True) -> Path:
 def emulate_call(binary: Path, work: Path, x: torch.Tensor, kw, bias: torch.Tensor | None, *, variant: int,
                  engine: str, num_sms: int = 132, split: int = 0, scale_offset: int = 0, row_pad: int = 0,
                  timeout: float = 600) -> tuple[torch.Tensor, dict[str, int]]:
-    """(y, {"variant", "split"} that ran) from the emulated kernel for x [M, K] and kernel-layout
+    """(y, {"variant", "split", "stages"} that ran) from the emulated kernel for x [M, K] and kernel-layout
     weights kw (oracle.layouts). variant -1 is the default policy; num_sms steers plan_split,
     split (1, 2, 4, 8) overrides it; scale_offset shifts the scales by that many elements (2-byte
     aligned only); row_pad (a multiple of 8) gives x a row stride of K + row_pad."""
@@ -231,8 +240,9 @@ def emulate_call(binary: Path, work: Path, x: torch.Tensor, kw, bias: torch.Tens
     if result.returncode != 0:
         raise AssertionError(f"emulator failed ({result.returncode}): {result.stderr[-4000:]}")
     y = torch.frombuffer(bytearray(dst.read_bytes()), dtype=torch.int16).view(x.dtype)
-    ran = re.search(r"variant (-?\d+) split (\d+)\s*$", result.stderr)
-    return y.reshape(m, n).clone(), {"variant": int(ran.group(1)), "split": int(ran.group(2))}
+    ran = re.search(r"variant (-?\d+) split (\d+) stages (\d+)\s*$", result.stderr)
+    return y.reshape(m, n).clone(), {"variant": int(ran.group(1)), "split": int(ran.group(2)),
+                                     "stages": int(ran.group(3))}
 
 
 @pytest.fixture(scope="module")
@@ -372,6 +382,31 @@ def test_emulated_seg_p_rows_equal_seg_xs_at_split_1(emulator, tmp_path, m, n, s
     y_xs, ran_xs = emulate_call(emulator, tmp_path, x, kw, bias, variant=_v("seg_xs"), engine="mma", split=1)
     assert (ran_p["variant"], ran_xs["variant"]) == (_v("seg_p"), _v("seg_xs"))
     assert torch.equal(y_p.view(torch.int16), y_xs.view(torch.int16))
+
+
+@pytest.mark.parametrize("symmetric,dtype", [(False, torch.bfloat16), (True, torch.float16)],
+                         ids=["bf16-asym", "fp16-sym"])
+def test_emulated_stream_ring_depth_keeps_rows(emulator, tmp_path, symmetric, dtype):
+    """The stream kernel at K 4096, G 128, split 2: M = 9 runs a ring of 4 slots (two blocks fit an SM),
+    M = 16, whose x is 29 KB larger, one of 2 (stream_stages). The ring depth changes no sum:
+    rows 0..8 are bit-identical, as same_rows_ranges promises for the bucket 9..16, and both match
+    the oracle."""
+    from oracle import judge, plain_torch_matmul, random_quantized, reference_matmul
+    from oracle.layouts import to_kernel_layout
+
+    gen = torch.Generator().manual_seed(int(symmetric))
+    n, k, g = 200, 4096, 128
+    weight = random_quantized(n, k, g, symmetric, dtype, generator=gen)
+    kw = to_kernel_layout(weight, dtype)
+    x = torch.randn(16, k, generator=gen).to(dtype)
+    bias = (torch.randn(n, generator=gen) * 0.1).to(dtype)
+    y9, ran9 = emulate_call(emulator, tmp_path, x[:9], kw, bias, variant=_v("stream"), engine="mma", split=2)
+    y16, ran16 = emulate_call(emulator, tmp_path, x, kw, bias, variant=_v("stream"), engine="mma", split=2)
+    assert (ran9["stages"], ran16["stages"]) == (4, 2)
+    assert torch.equal(y9.view(torch.int16), y16[:9].view(torch.int16))
+    verdict = judge(y16, reference_matmul(x, weight, bias), dequant_dtype=dtype, dequant_roundings=1,
+                    baseline=plain_torch_matmul(x, weight, bias))
+    assert verdict.passed, verdict.summary()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

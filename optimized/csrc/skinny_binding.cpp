@@ -144,7 +144,9 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(variant), p.m), p.m,
                                  kind == w4::Engine::kMma, p.k);
   w4::plan_persist(p, prop->multiProcessorCount);
-  const int max_shared = static_cast<int>(prop->sharedMemPerBlockOptin);
+  const w4::DeviceLimits limits{prop->multiProcessorCount, prop->warpSize,
+                                static_cast<int>(prop->sharedMemPerBlockOptin),
+                                static_cast<int>(prop->sharedMemPerMultiprocessor)};
   TORCH_CHECK(split >= 0, "skinny_matmul: split must be 0 (the plan's) or positive, got ", num(split));
   TORCH_CHECK(split == 0 || variant == w4::kVariantStream,
               "skinny_matmul: split must be 0 (the plan's) unless variant is ", num(w4::kVariantStream),
@@ -152,13 +154,16 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   if (split > 0 && p.variant == w4::kVariantStream) {
     TORCH_CHECK(split <= k / w4::kStreamPieceK, "skinny_matmul: the stream variant's split must be in [1, K/",
                 num(w4::kStreamPieceK), "] = [1, ", num(k / w4::kStreamPieceK), "], got ", num(split));
-    const int shared = w4::stream_layout(p.m, p.k, p.group_size, !zeros.has_value(), static_cast<int>(split)).bytes;
-    TORCH_CHECK(shared <= max_shared, "skinny_matmul: the stream variant at split ", num(split), " needs ", num(shared),
-                " bytes of shared memory a block, the device allows ", num(max_shared), " (use a larger split)");
+    const int shared = w4::stream_plan_layout(p.m, p.k, p.group_size, !zeros.has_value(), static_cast<int>(split),
+                                              limits.smem_per_sm).bytes;
+    TORCH_CHECK(shared <= limits.max_shared, "skinny_matmul: the stream variant at split ", num(split), " needs ",
+                num(shared), " bytes of shared memory a block, the device allows ", num(limits.max_shared),
+                " (use a larger split)");
     p.split = static_cast<int>(split);
   } else {
-    p.split = w4::plan_split(p, prop->multiProcessorCount, prop->warpSize, max_shared);
+    p.split = w4::plan_split(p, limits);
   }
+  w4::plan_stages(p, limits);
   at::Tensor partials;  // kept alive until the launches are queued; the stream orders its reuse
   if (const int64_t floats = w4::stream_workspace_floats(p); floats > 0) {
     partials = at::empty({floats}, x.options().dtype(at::kFloat));

@@ -946,9 +946,10 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 //
 // Why: the register-ring kernels keep at most 2-3 iterations of loads in flight per lane, bounded
 // by registers; on the H200 they drew 61% of DRAM bandwidth at M = 1 (ncu_pipes_s17.txt), and at
-// M > 4 every warp re-read x from L1. Here the ring lives in shared memory (kStreamStages slots of
-// 32 rows x 128 k per warp, filled by cp.async), and x is read from a permuted shared copy that
-// every warp of the block shares.
+// M > 4 every warp re-read x from L1. Here the ring lives in shared memory (S slots of 32 rows x
+// 128 k per warp, filled by cp.async: kStreamStages, or kStreamFewStages where only that lets two
+// blocks share an SM, see stream_stages), and x is read from a permuted shared copy that every
+// warp of the block shares.
 //
 // Block: kBlockThreads / 32 warps, warps_n along N (32 rows each: two 16-row A tiles) and
 // warps_k = 8 / warps_n along K. It owns rows [n0, n0 + 32 warps_n) and the K range of its split
@@ -1010,13 +1011,13 @@ __device__ __forceinline__ float load_partial(const float* p) {
 
 }  // namespace detail
 
-template <typename T, int M_TILE, int G, bool SYM>
+template <typename T, int M_TILE, int G, bool SYM, int S>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) skinny_stream_kernel(const SkinnyParams p) {
-  constexpr int S = kStreamStages, kTiles = M_TILE / 8;
+  constexpr int kTiles = M_TILE / 8;
   constexpr bool kScaleAfter = detail::scale_after_mma(G);  // a piece is one group
   static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0 && kStreamPieceK % G == 0, "mma tiles; groups tile a piece");
   W4_DYNAMIC_SHARED(uint4, smem);
-  const StreamLayout L = stream_layout(p.m, p.k, G, SYM, p.split);
+  const StreamLayout L = stream_layout(p.m, p.k, G, SYM, p.split, S);
   uint4* xs = smem + L.x_offset / 16;
   unsigned short* ss = reinterpret_cast<unsigned short*>(smem + L.scale_offset / 16);
   uint32_t* zs = reinterpret_cast<uint32_t*>(smem + L.zero_offset / 16);
@@ -1252,10 +1253,10 @@ void launch_seg_tile(const SkinnyParams& p, stream_t stream) {
   }
 }
 
-template <typename T, int M_TILE, int G, bool SYM>
+template <typename T, int M_TILE, int G, bool SYM, int S>
 void launch_stream_tile(const SkinnyParams& p, stream_t stream) {
-  const auto kernel = skinny_stream_kernel<T, M_TILE, G, SYM>;
-  const StreamLayout L = stream_layout(p.m, p.k, G, SYM, p.split);
+  const auto kernel = skinny_stream_kernel<T, M_TILE, G, SYM, S>;
+  const StreamLayout L = stream_layout(p.m, p.k, G, SYM, p.split, S);
 #if !W4_EMU
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.bytes);
 #endif
@@ -1267,10 +1268,16 @@ void launch_stream_tile(const SkinnyParams& p, stream_t stream) {
   }
 }
 
+template <typename T, int M_TILE, int G, bool SYM>
+void launch_stream_stages(const SkinnyParams& p, stream_t stream) {
+  if (p.stages == kStreamFewStages) return launch_stream_tile<T, M_TILE, G, SYM, kStreamFewStages>(p, stream);
+  launch_stream_tile<T, M_TILE, G, SYM, kStreamStages>(p, stream);
+}
+
 template <typename T, int G, bool SYM>
 void launch_stream(const SkinnyParams& p, stream_t stream) {
-  if (p.m <= 8) return launch_stream_tile<T, 8, G, SYM>(p, stream);
-  launch_stream_tile<T, 16, G, SYM>(p, stream);
+  if (p.m <= 8) return launch_stream_stages<T, 8, G, SYM>(p, stream);
+  launch_stream_stages<T, 16, G, SYM>(p, stream);
 }
 
 template <typename T, int G, bool SYM, int V>

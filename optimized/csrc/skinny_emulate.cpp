@@ -75,11 +75,12 @@ int main(int argc, char** argv) {
   const w4::Engine engine = h[9] ? w4::Engine::kMma : w4::Engine::kSimt;
   p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(h[8]), p.m), p.m,
                                  engine == w4::Engine::kMma, p.k);
-  // The H100/H200 opt-in limit of dynamic shared memory a block.
   w4::plan_persist(p, static_cast<int>(h[10]));
+  // The H100/H200 limits of shared memory a block (opt-in) and an SM.
+  const w4::DeviceLimits limits{static_cast<int>(h[10]), 32, 227 * 1024, 228 * 1024};
   // A forced split (h[12]) steers the kernels that take one; seg_p always runs at split 1.
-  p.split = h[12] > 0 && p.variant != w4::kVariantSegPersist ? static_cast<int>(h[12])
-                                                              : w4::plan_split(p, static_cast<int>(h[10]), 32, 227 * 1024);
+  p.split = h[12] > 0 && p.variant != w4::kVariantSegPersist ? static_cast<int>(h[12]) : w4::plan_split(p, limits);
+  w4::plan_stages(p, limits);
   std::vector<float> partials(static_cast<size_t>(w4::stream_workspace_floats(p)));
   p.partials = partials.empty() ? nullptr : partials.data();
 
@@ -101,7 +102,7 @@ int main(int argc, char** argv) {
   const size_t y_bytes = static_cast<size_t>(m * n * 2);
   if (out == nullptr || std::fwrite(y, 1, y_bytes, out) != y_bytes) return 2;
   std::fclose(out);
-  std::fprintf(stderr, "variant %d split %d\n", p.variant, p.split);
+  std::fprintf(stderr, "variant %d split %d stages %d\n", p.variant, p.split, p.stages);
   std::free(x);
   std::free(q);
   std::free(s_buf);

@@ -184,15 +184,18 @@ struct SkinnyParams {
                    // the streaming kernel: blocks sharing each row (stream_workspace_floats);
                    // seg_p: 1
   int blocks;      // seg_p: its grid (plan_persist); other kernels size their own grid
+  int stages;      // the streaming kernel: ring slots per warp (stream_stages); other kernels: unused
   int variant;     // a Variant (resolve_variant)
   int overlap;     // an Overlap
 };
 
 // The streaming kernel's tiling and shared-memory layout (host and device; see below).
 constexpr int kStreamStages = 4;                              // ring slots per warp
+constexpr int kStreamFewStages = 2;                           // the shallow ring (stream_stages)
 constexpr int kStreamSlotUnits = 32 * kStreamPieceK / 32;     // 16-byte units a slot: 32 rows x 4
-constexpr int kStreamRingBytes = kBlockThreads / 32 * kStreamStages * kStreamSlotUnits * 16;
 constexpr int kStreamMinBlocks = 2;  // launch bounds: registers for two blocks an SM
+// Shared memory the CUDA driver keeps for itself in each resident block (sm_80 and later).
+constexpr int kSharedReservePerBlock = 1024;
 
 // Warps along N: 32 warps_n rows a block, so that x (M rows, staged once a block) is at most a
 // quarter of the bytes of the weights it meets (4 M / rows).
@@ -204,6 +207,7 @@ W4_HD constexpr int stream_warps_n(int m) { return m <= 2 ? 1 : m <= 4 ? 2 : m <
 W4_HD constexpr int stream_bucket_m(int m) { return m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : kMaxM; }
 
 struct StreamLayout {
+  int stages;                  // ring slots per warp
   int warps_n, warps_k, rows;  // rows = 32 warps_n
   int pieces;                  // the most pieces (128 k) of any block's K range
   int groups;                  // groups in `pieces`
@@ -212,8 +216,9 @@ struct StreamLayout {
   int x_offset, scale_offset, zero_offset, bytes;  // byte offsets into dynamic shared memory
 };
 
-W4_HD inline StreamLayout stream_layout(int m, int k, int group_size, bool sym, int split) {
+W4_HD inline StreamLayout stream_layout(int m, int k, int group_size, bool sym, int split, int stages) {
   StreamLayout L{};
+  L.stages = stages;
   L.warps_n = stream_warps_n(m);
   L.warps_k = kBlockThreads / 32 / L.warps_n;
   L.rows = 32 * L.warps_n;
@@ -222,11 +227,37 @@ W4_HD inline StreamLayout stream_layout(int m, int k, int group_size, bool sym, 
   L.groups = L.pieces * (kStreamPieceK / group_size);
   L.x_units = 16 * L.pieces + 4;
   L.scale_stride = L.groups + (6 - L.groups % 4) % 4;
-  L.x_offset = kStreamRingBytes;
+  L.x_offset = kBlockThreads / 32 * stages * kStreamSlotUnits * 16;
   L.scale_offset = L.x_offset + m * L.x_units * 16;
   L.zero_offset = L.scale_offset + (L.rows * L.scale_stride * 2 + 15) / 16 * 16;
   L.bytes = L.zero_offset + (sym ? 0 : L.rows / 8 * L.groups * 4);
   return L;
+}
+
+// The streaming kernel's ring depth at a split. Its blocks need so much shared memory (x of the
+// block's K range, 2 bytes x M per k, beside the rings) that at M = 10..16 often one block fits an
+// SM: then 8 warps hide the latency of its loads and its ramp-up and drain, and on an H100 that was
+// 1.26x slower (K8192 x N57344 at split 4, 150.4 us at M = 10 against 119.8 us at M = 9, whose
+// 4 KB less x let two blocks in; bench/results/h100/skinny_s27_before.md). So the ring is
+// kStreamStages slots where kStreamMinBlocks blocks fit an SM with them, else kStreamFewStages
+// where that lets them fit; failing both, the same for one block.
+// smem_per_sm: the device's shared memory an SM (cudaDevAttrMaxSharedMemoryPerMultiprocessor).
+W4_HD inline int stream_resident_blocks(const StreamLayout& L, int smem_per_sm) {
+  return smem_per_sm / (L.bytes + kSharedReservePerBlock);
+}
+W4_HD inline int stream_stages(int m, int k, int group_size, bool sym, int split, int smem_per_sm) {
+  const int depths[2] = {kStreamStages, kStreamFewStages};
+  for (int blocks = kStreamMinBlocks; blocks >= 1; --blocks) {
+    for (int stages : depths) {
+      if (stream_resident_blocks(stream_layout(m, k, group_size, sym, split, stages), smem_per_sm) >= blocks) {
+        return stages;
+      }
+    }
+  }
+  return kStreamStages;
+}
+W4_HD inline StreamLayout stream_plan_layout(int m, int k, int group_size, bool sym, int split, int smem_per_sm) {
+  return stream_layout(m, k, group_size, sym, split, stream_stages(m, k, group_size, sym, split, smem_per_sm));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -288,12 +319,15 @@ inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int var
 //  * weights at 4 TB/s, spread over SMs in whole blocks: the most loaded SM sets the time
 //    (ceil(blocks / num_sms) blocks' bytes at an SM's share), and an SM with fewer than 1.5 blocks
 //    on average is taken to reach 1/1.15 of its share (one block's ring in flight);
+//  * a split whose blocks fit one an SM (stream_stages) takes kStreamOneBlockCost times as long;
 //  * split > 1 adds the partial sums (16 M split / K of the weight bytes, written and read at
 //    about twice HBM speed in L2) and the reduce kernel's launch (1.5 us);
 // among the splits whose shared memory fits max_shared and that leave every warp a piece. A
 // larger split must win by 2%. Planned for stream_bucket_m(m), so the split is the same for
 // every M of a bucket.
-inline int choose_stream_split(int n, int m_call, int k, int group_size, bool sym, int num_sms, int max_shared) {
+constexpr double kStreamOneBlockCost = 1.26;
+inline int choose_stream_split(int n, int m_call, int k, int group_size, bool sym, int num_sms, int max_shared,
+                               int smem_per_sm) {
   const int m = stream_bucket_m(m_call);
   const int warps_k = kBlockThreads / 32 / stream_warps_n(m);
   const int rows = 32 * stream_warps_n(m);
@@ -303,9 +337,11 @@ inline int choose_stream_split(int n, int m_call, int k, int group_size, bool sy
   double best = 0.0;
   int best_split = 0;
   for (int split = 1; split <= total && (split == 1 || split * warps_k <= total); ++split) {
-    if (stream_layout(m, k, group_size, sym, split).bytes > max_shared) continue;
+    const StreamLayout L = stream_plan_layout(m, k, group_size, sym, split, smem_per_sm);
+    if (L.bytes > max_shared) continue;
     const double per_sm = static_cast<double>(row_blocks) * split / num_sms;
     double time = weight_us * std::ceil(per_sm) / per_sm * (per_sm < 1.5 ? 1.15 : 1.0);
+    if (stream_resident_blocks(L, smem_per_sm) < kStreamMinBlocks) time *= kStreamOneBlockCost;
     if (split > 1) time += weight_us * 16.0 * m * split / k * 0.5 + 1.5;
     if (best_split == 0 || time < best * 0.98) {
       best = time;
@@ -316,17 +352,29 @@ inline int choose_stream_split(int n, int m_call, int k, int group_size, bool sy
 }
 #endif
 
+// What the plan needs of the device.
+struct DeviceLimits {
+  int num_sms;
+  int warp_size;
+  int max_shared;   // dynamic shared memory a block may opt into
+  int smem_per_sm;  // shared memory an SM holds
+};
+
 // p.split for a call whose p.variant is settled and whose other fields are set.
-// max_shared: the device's dynamic shared memory a block may opt into.
-inline int plan_split(const SkinnyParams& p, int num_sms, int warp_size, int max_shared) {
+inline int plan_split(const SkinnyParams& p, const DeviceLimits& d) {
 #if !W4_HIP
   if (p.variant == kVariantStream) {
-    return choose_stream_split(p.n, p.m, p.k, p.group_size, p.zeros == nullptr, num_sms, max_shared);
+    return choose_stream_split(p.n, p.m, p.k, p.group_size, p.zeros == nullptr, d.num_sms, d.max_shared, d.smem_per_sm);
   }
-#else
-  (void)max_shared;
 #endif
-  return choose_split(p.n, p.m, p.k, num_sms, warp_size, p.variant);
+  return choose_split(p.n, p.m, p.k, d.num_sms, d.warp_size, p.variant);
+}
+
+// p.stages, once p.split is set (planned or forced): the streaming kernel's ring depth.
+inline void plan_stages(SkinnyParams& p, const DeviceLimits& d) {
+  p.stages = p.variant == kVariantStream
+                 ? stream_stages(p.m, p.k, p.group_size, p.zeros == nullptr, p.split, d.smem_per_sm)
+                 : 0;
 }
 
 // For a call whose p.variant is settled and whose other fields but the split are set: seg_p's
@@ -345,7 +393,8 @@ inline int64_t stream_workspace_floats(const SkinnyParams& p) {
 // Queues the kernels of one call on `stream` (a cudaStream_t, or hipStream_t on ROCm). p must be
 // complete: validated arguments (1 <= m <= kMaxM, group_size in {32, 64, 128}, alignment), p.variant
 // settled (settle_variant(resolve_variant(...), ...)), p.split set (plan_split, or a checked forced
-// split), plan_persist applied, p.partials set where stream_workspace_floats(p) > 0, p.overlap settled for the device.
+// split), plan_persist and plan_stages applied, p.partials set where stream_workspace_floats(p) > 0,
+// p.overlap settled for the device.
 // x, scales, bias and y are bfloat16 when bf16, else float16. kMma needs CUDA sm_80+; on HIP only
 // kSimt is compiled. Defined in skinny_launch.cu; a launch error is left for the caller's check.
 void launch(const SkinnyParams& p, Engine engine, bool bf16, void* stream);
