@@ -156,6 +156,12 @@ int main() {
                   static_cast<long long>(w4::stream_workspace_floats(p)));
     }
   }
+  w4::SkinnyParams p{};
+  p.m = 16; p.n = 28672; p.k = 4096; p.group_size = 128; p.variant = w4::kVariantStream;
+  const w4::DeviceLimits limits{132, 32, 227 * 1024, 228 * 1024};
+  p.split = w4::plan_split(p, limits);
+  w4::plan_stages(p, limits);
+  std::printf("%d %d %d\n", p.split, p.stages, w4::stream_blocks(p.n, p.m, p.split));
 }
 """
 
@@ -167,15 +173,18 @@ def test_binding_plan_builds_with_the_host_compiler(tmp_path):
     N = 57344 at M <= 4, 2 or 4 of them a warp, on 132 SMs; at N = 4096, 1 a warp, seg_xs, or
     seg_r4 where x is over SEG_XS_MAX_BYTES), a split
     that fits shared memory, a workspace exactly when the stream kernel splits K, and for the
-    stream kernel at M 9..16 a ring (4 slots, or 2 at M >= 10 of K 8192 x N 57344, whose x would
-    leave one block an SM) with which two blocks share an SM."""
+    stream kernel at M 9..16 (more blocks than SMs) a ring (4 slots, or 2 at M >= 10 of K 8192 x
+    N 57344, whose x would leave one block an SM) with which two blocks share an SM; then a grid of
+    no more blocks than SMs (K 4096 x N 28672 at M = 16, split 1) keeps 4 slots, one block an SM."""
     gxx = find_compiler("g++")
     source = tmp_path / "plan.cpp"
     source.write_text(HOST_PLAN_PROGRAM)
     compile_or_fail([gxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{CSRC}", str(source), "-o",
                      str(tmp_path / "plan")])
     lines = subprocess.run([str(tmp_path / "plan")], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert len(lines) == 2 * skinny.MAX_M
+    assert len(lines) == 2 * skinny.MAX_M + 1
+    split, stages, grid = (int(v) for v in lines.pop().split())
+    assert (split, stages) == (1, 4) and grid <= 132, "a grid of one block an SM keeps the deep ring"
     stream, seg_p = skinny.VARIANTS.index("stream"), skinny.VARIANTS.index("seg_p")
     for i, line in enumerate(lines):
         n, m = (4096, 57344)[i // skinny.MAX_M], i % skinny.MAX_M + 1
@@ -387,8 +396,9 @@ def test_emulated_seg_p_rows_equal_seg_xs_at_split_1(emulator, tmp_path, m, n, s
 @pytest.mark.parametrize("symmetric,dtype", [(False, torch.bfloat16), (True, torch.float16)],
                          ids=["bf16-asym", "fp16-sym"])
 def test_emulated_stream_ring_depth_keeps_rows(emulator, tmp_path, symmetric, dtype):
-    """The stream kernel at K 4096, G 128, split 2: M = 9 runs a ring of 4 slots (two blocks fit an SM),
-    M = 16, whose x is 29 KB larger, one of 2 (stream_stages). The ring depth changes no sum:
+    """The stream kernel at K 4096, G 128, split 2 on one SM (2 blocks): M = 9 runs a ring of 4
+    slots (two blocks fit an SM), M = 16, whose x is 29 KB larger, one of 2 (stream_stages); a
+    grid of one block an SM would keep 4 (the plan program checks that). The ring depth changes no sum:
     rows 0..8 are bit-identical, as same_rows_ranges promises for the bucket 9..16, and both match
     the oracle."""
     from oracle import judge, plain_torch_matmul, random_quantized, reference_matmul
@@ -400,8 +410,9 @@ def test_emulated_stream_ring_depth_keeps_rows(emulator, tmp_path, symmetric, dt
     kw = to_kernel_layout(weight, dtype)
     x = torch.randn(16, k, generator=gen).to(dtype)
     bias = (torch.randn(n, generator=gen) * 0.1).to(dtype)
-    y9, ran9 = emulate_call(emulator, tmp_path, x[:9], kw, bias, variant=_v("stream"), engine="mma", split=2)
-    y16, ran16 = emulate_call(emulator, tmp_path, x, kw, bias, variant=_v("stream"), engine="mma", split=2)
+    options = dict(variant=_v("stream"), engine="mma", split=2, num_sms=1)
+    y9, ran9 = emulate_call(emulator, tmp_path, x[:9], kw, bias, **options)
+    y16, ran16 = emulate_call(emulator, tmp_path, x, kw, bias, **options)
     assert (ran9["stages"], ran16["stages"]) == (4, 2)
     assert torch.equal(y9.view(torch.int16), y16[:9].view(torch.int16))
     verdict = judge(y16, reference_matmul(x, weight, bias), dequant_dtype=dtype, dequant_roundings=1,

@@ -154,8 +154,8 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   if (split > 0 && p.variant == w4::kVariantStream) {
     TORCH_CHECK(split <= k / w4::kStreamPieceK, "skinny_matmul: the stream variant's split must be in [1, K/",
                 num(w4::kStreamPieceK), "] = [1, ", num(k / w4::kStreamPieceK), "], got ", num(split));
-    const int shared = w4::stream_plan_layout(p.m, p.k, p.group_size, !zeros.has_value(), static_cast<int>(split),
-                                              limits.smem_per_sm).bytes;
+    const int shared = w4::stream_plan_layout(p.n, p.m, p.k, p.group_size, !zeros.has_value(), static_cast<int>(split),
+                                              limits).bytes;
     TORCH_CHECK(shared <= limits.max_shared, "skinny_matmul: the stream variant at split ", num(split), " needs ",
                 num(shared), " bytes of shared memory a block, the device allows ", num(limits.max_shared),
                 " (use a larger split)");

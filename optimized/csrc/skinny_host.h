@@ -189,6 +189,14 @@ struct SkinnyParams {
   int overlap;     // an Overlap
 };
 
+// What the plan needs of the device.
+struct DeviceLimits {
+  int num_sms;
+  int warp_size;
+  int max_shared;   // dynamic shared memory a block may opt into
+  int smem_per_sm;  // shared memory an SM holds
+};
+
 // The streaming kernel's tiling and shared-memory layout (host and device; see below).
 constexpr int kStreamStages = 4;                              // ring slots per warp
 constexpr int kStreamFewStages = 2;                           // the shallow ring (stream_stages)
@@ -236,28 +244,35 @@ W4_HD inline StreamLayout stream_layout(int m, int k, int group_size, bool sym, 
 
 // The streaming kernel's ring depth at a split. Its blocks need so much shared memory (x of the
 // block's K range, 2 bytes x M per k, beside the rings) that at M = 10..16 often one block fits an
-// SM: then 8 warps hide the latency of its loads and its ramp-up and drain, and on an H100 that was
-// 1.26x slower (K8192 x N57344 at split 4, 150.4 us at M = 10 against 119.8 us at M = 9, whose
-// 4 KB less x let two blocks in; bench/results/h100/skinny_s27_before.md). So the ring is
-// kStreamStages slots where kStreamMinBlocks blocks fit an SM with them, else kStreamFewStages
-// where that lets them fit; failing both, the same for one block.
-// smem_per_sm: the device's shared memory an SM (cudaDevAttrMaxSharedMemoryPerMultiprocessor).
+// SM. Where the grid has more blocks than SMs, an SM then runs its blocks one after another, each
+// ramping up and draining alone with 8 warps' loads in flight: on an H100 that took 1.26x as long
+// (K8192 x N57344 at split 4, 150.4 us at M = 10 against 119.8 us at M = 9, whose 4 KB less x
+// let two blocks in; bench/results/h100/skinny_s27_before.md). So there the ring is kStreamStages
+// slots where kStreamMinBlocks blocks fit an SM with them, else kStreamFewStages where that lets
+// them fit (0.79-0.89x the time at M 10..16 of that shape, skinny_s27_stages.md). A grid of at
+// most one block an SM keeps the deep ring: 2 slots were 1.16-1.33x slower there (K4096 x N28672,
+// K2048 x N32768 at M 10..16, where a block had its SM to itself either way).
+W4_HD inline int stream_blocks(int n, int m, int split) {
+  const int rows = 32 * stream_warps_n(m);
+  return (n + rows - 1) / rows * split;
+}
 W4_HD inline int stream_resident_blocks(const StreamLayout& L, int smem_per_sm) {
   return smem_per_sm / (L.bytes + kSharedReservePerBlock);
 }
-W4_HD inline int stream_stages(int m, int k, int group_size, bool sym, int split, int smem_per_sm) {
+W4_HD inline int stream_stages(int n, int m, int k, int group_size, bool sym, int split, const DeviceLimits& d) {
   const int depths[2] = {kStreamStages, kStreamFewStages};
-  for (int blocks = kStreamMinBlocks; blocks >= 1; --blocks) {
+  for (int blocks = stream_blocks(n, m, split) > d.num_sms ? kStreamMinBlocks : 1; blocks >= 1; --blocks) {
     for (int stages : depths) {
-      if (stream_resident_blocks(stream_layout(m, k, group_size, sym, split, stages), smem_per_sm) >= blocks) {
+      if (stream_resident_blocks(stream_layout(m, k, group_size, sym, split, stages), d.smem_per_sm) >= blocks) {
         return stages;
       }
     }
   }
   return kStreamStages;
 }
-W4_HD inline StreamLayout stream_plan_layout(int m, int k, int group_size, bool sym, int split, int smem_per_sm) {
-  return stream_layout(m, k, group_size, sym, split, stream_stages(m, k, group_size, sym, split, smem_per_sm));
+W4_HD inline StreamLayout stream_plan_layout(int n, int m, int k, int group_size, bool sym, int split,
+                                             const DeviceLimits& d) {
+  return stream_layout(m, k, group_size, sym, split, stream_stages(n, m, k, group_size, sym, split, d));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -319,15 +334,15 @@ inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int var
 //  * weights at 4 TB/s, spread over SMs in whole blocks: the most loaded SM sets the time
 //    (ceil(blocks / num_sms) blocks' bytes at an SM's share), and an SM with fewer than 1.5 blocks
 //    on average is taken to reach 1/1.15 of its share (one block's ring in flight);
-//  * a split whose blocks fit one an SM (stream_stages) takes kStreamOneBlockCost times as long;
+//  * a split of more blocks than SMs whose blocks fit one an SM (stream_stages) takes
+//    kStreamOneBlockCost times as long;
 //  * split > 1 adds the partial sums (16 M split / K of the weight bytes, written and read at
 //    about twice HBM speed in L2) and the reduce kernel's launch (1.5 us);
 // among the splits whose shared memory fits max_shared and that leave every warp a piece. A
 // larger split must win by 2%. Planned for stream_bucket_m(m), so the split is the same for
 // every M of a bucket.
 constexpr double kStreamOneBlockCost = 1.26;
-inline int choose_stream_split(int n, int m_call, int k, int group_size, bool sym, int num_sms, int max_shared,
-                               int smem_per_sm) {
+inline int choose_stream_split(int n, int m_call, int k, int group_size, bool sym, const DeviceLimits& d) {
   const int m = stream_bucket_m(m_call);
   const int warps_k = kBlockThreads / 32 / stream_warps_n(m);
   const int rows = 32 * stream_warps_n(m);
@@ -337,11 +352,11 @@ inline int choose_stream_split(int n, int m_call, int k, int group_size, bool sy
   double best = 0.0;
   int best_split = 0;
   for (int split = 1; split <= total && (split == 1 || split * warps_k <= total); ++split) {
-    const StreamLayout L = stream_plan_layout(m, k, group_size, sym, split, smem_per_sm);
-    if (L.bytes > max_shared) continue;
-    const double per_sm = static_cast<double>(row_blocks) * split / num_sms;
+    const StreamLayout L = stream_plan_layout(n, m, k, group_size, sym, split, d);
+    if (L.bytes > d.max_shared) continue;
+    const double per_sm = static_cast<double>(row_blocks) * split / d.num_sms;
     double time = weight_us * std::ceil(per_sm) / per_sm * (per_sm < 1.5 ? 1.15 : 1.0);
-    if (stream_resident_blocks(L, smem_per_sm) < kStreamMinBlocks) time *= kStreamOneBlockCost;
+    if (per_sm > 1.0 && stream_resident_blocks(L, d.smem_per_sm) < kStreamMinBlocks) time *= kStreamOneBlockCost;
     if (split > 1) time += weight_us * 16.0 * m * split / k * 0.5 + 1.5;
     if (best_split == 0 || time < best * 0.98) {
       best = time;
@@ -352,19 +367,11 @@ inline int choose_stream_split(int n, int m_call, int k, int group_size, bool sy
 }
 #endif
 
-// What the plan needs of the device.
-struct DeviceLimits {
-  int num_sms;
-  int warp_size;
-  int max_shared;   // dynamic shared memory a block may opt into
-  int smem_per_sm;  // shared memory an SM holds
-};
-
 // p.split for a call whose p.variant is settled and whose other fields are set.
 inline int plan_split(const SkinnyParams& p, const DeviceLimits& d) {
 #if !W4_HIP
   if (p.variant == kVariantStream) {
-    return choose_stream_split(p.n, p.m, p.k, p.group_size, p.zeros == nullptr, d.num_sms, d.max_shared, d.smem_per_sm);
+    return choose_stream_split(p.n, p.m, p.k, p.group_size, p.zeros == nullptr, d);
   }
 #endif
   return choose_split(p.n, p.m, p.k, d.num_sms, d.warp_size, p.variant);
@@ -373,7 +380,7 @@ inline int plan_split(const SkinnyParams& p, const DeviceLimits& d) {
 // p.stages, once p.split is set (planned or forced): the streaming kernel's ring depth.
 inline void plan_stages(SkinnyParams& p, const DeviceLimits& d) {
   p.stages = p.variant == kVariantStream
-                 ? stream_stages(p.m, p.k, p.group_size, p.zeros == nullptr, p.split, d.smem_per_sm)
+                 ? stream_stages(p.n, p.m, p.k, p.group_size, p.zeros == nullptr, p.split, d)
                  : 0;
 }
 
