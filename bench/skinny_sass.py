@@ -70,8 +70,10 @@ def kernels() -> list[Kernel]:
         Kernel("M <= 8 (regs_s4)", "regs_s4", "skinny_pipe_kernel", "Li8ELi{g}ELb{sym}ELNS_6EngineE1E",
                kernel_constant("kPipeStages") * rows * lane_k),
         Kernel("M 9..16 (base)", "base", "skinny_kernel", "Li16ELi{g}ELb{sym}ELNS_6EngineE1E", 4 * rows * lane_k),
-        Kernel("M <= 8 (stream)", "stream", "skinny_stream_kernel", "Li8ELi{g}ELb{sym}E", 4 * lane_k),
-        Kernel("M 9..16 (stream)", "stream", "skinny_stream_kernel", "Li16ELi{g}ELb{sym}E", 4 * lane_k),
+        Kernel("M <= 8 (stream)", "stream", "skinny_stream_kernel", "Li8ELi{g}ELb{sym}ELi4E", 4 * lane_k),
+        Kernel("M 9..16 (stream)", "stream", "skinny_stream_kernel", "Li16ELi{g}ELb{sym}ELi4E", 4 * lane_k),
+        Kernel("M 9..16 (stream, 2-slot ring)", "stream", "skinny_stream_kernel", "Li16ELi{g}ELb{sym}ELi2E",
+               4 * lane_k),
     ]
 
 
