@@ -1164,11 +1164,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) skinny_stream_
   }
 }
 
-// y = the split partial sums of skinny_stream_kernel, added in split order, + bias. The loads go
-// out kReduceBatch at a time before their adds: one at a time, each add waited for its load, and
-// at split 4 (K 8192 x N 57344, M 16) the kernel stalled 20 cycles an instruction on them
-// (bench/results/h100/ncu_s27_stream_m16.txt).
-constexpr int kReduceBatch = 8;
+// y = the split partial sums of skinny_stream_kernel, added in split order, + bias.
 template <typename T>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) skinny_stream_reduce_kernel(const SkinnyParams p) {
   pdl_trigger();
@@ -1177,17 +1173,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) skinny_stream_reduce_kernel(c
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
   if (idx >= mn) return;
   float v = 0.f;
-  for (int s0 = 0; s0 < p.split; s0 += kReduceBatch) {
-    float part[kReduceBatch];
-#pragma unroll
-    for (int i = 0; i < kReduceBatch; ++i) {
-      part[i] = s0 + i < p.split ? detail::load_partial(p.partials + (s0 + i) * mn + idx) : 0.f;
-    }
-#pragma unroll
-    for (int i = 0; i < kReduceBatch; ++i) {
-      if (s0 + i < p.split) v += part[i];
-    }
-  }
+  for (int s = 0; s < p.split; ++s) v += detail::load_partial(p.partials + s * mn + idx);
   if (p.bias != nullptr) {
     v += bits_to_float<T>(detail::load_bias(static_cast<const unsigned short*>(p.bias) + idx % p.n));
   }
