@@ -1,14 +1,15 @@
-"""The skinny "stream" variant's K split on the H200: its plan against every forced split.
+"""A skinny variant's K split on the H200 (the "stream" variant by default): its plan against every forced split.
 
 For each Llama-3.1-8B / 3.3-70B decode shape (bf16, zero points, G = 128) and M, times the default
-policy, the stream variant at its planned split (split=0) and at each forced split that fits
-(optimized.skinny.skinny_matmul's `split`), all on the same cold weights in CUDA graphs as
-bench/skinny_h200.py times variants. Shows whether csrc/skinny_host.h choose_stream_split picks
-well, and what the best split reaches.
+policy, the variant at its planned split (split=0) and at each forced split that fits
+(optimized.skinny.skinny_matmul's `split`: blocks along K for stream, warps of a block sharing a
+row, REGISTER_SPLITS, for base, regs_s4, seg_r4 and seg_xs), all on the same cold weights in CUDA
+graphs as bench/skinny_h200.py times variants. Shows whether csrc/skinny_host.h's split planners
+(choose_stream_split, choose_split) pick well, and what the best split reaches.
 
-    python3 bench/stream_split_h200.py --out DIR [--ms 1,4,16] [--shapes NAME,..] [--budget-s 150]
+    python3 bench/stream_split_h200.py --out DIR [--variant stream] [--ms 1,4,16] [--shapes NAME,..] [--budget-s 150]
 
-Writes DIR/stream_split.{json,md}.
+Writes DIR/{variant}_split.{json,md}.
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ from optimized import skinny  # noqa: E402
 from oracle.shapes import MODEL_SHAPES  # noqa: E402
 
 GROUP = 128
-SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the stream variant's; the others take skinny.REGISTER_SPLITS
 REPLAYS = 10
-STREAM = skinny.VARIANTS.index("stream")
 
 
 def shapes() -> list[tuple[str, int, int]]:
@@ -48,9 +48,10 @@ def time_cell(x: torch.Tensor, packs: list, variant: int, split: int) -> float |
 
 
 def markdown(result: dict) -> str:
-    lines = ["# Stream variant: planned split against forced splits (H200, bf16 asym, G = 128)", "",
+    name = result["variant"]
+    lines = [f"# Variant {name}: planned split against forced splits ({result['gpu']}, bf16 asym, G = 128)", "",
              f"Copy bandwidth {result['bandwidth'] / 1e12:.2f} TB/s; times in us per call (CUDA graph, cold weights).",
-             "", "| shape | M | floor | default | stream plan (% floor) | best forced split | plan / best |",
+             "", f"| shape | M | floor | default | {name} plan (% floor) | best forced split | plan / best |",
              "|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
         timed = {s: t for s, t in c["splits"].items() if isinstance(t, float)}
@@ -68,12 +69,16 @@ def main() -> int:
     parser.add_argument("--ms", default="1,4,16")
     parser.add_argument("--shapes", default="", help="comma-separated shape names (default: every 8B and 70B shape)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="skip shapes started after this many seconds")
+    parser.add_argument("--variant", choices=[v for v in skinny.VARIANTS if v != "seg_p"], default="stream")
     args = parser.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
+    variant = skinny.VARIANTS.index(args.variant)
+    splits = SPLITS if args.variant == "stream" else skinny.REGISTER_SPLITS
     start = time.perf_counter()
     skinny.build()
     bandwidth = copy_bandwidth("cuda")["bytes_per_s"]
-    result = {"gpu": torch.cuda.get_device_name(), "bandwidth": bandwidth, "cells": [], "skipped": []}
+    result = {"gpu": torch.cuda.get_device_name(), "variant": args.variant, "bandwidth": bandwidth, "cells": [],
+              "skipped": []}
     wanted = set(filter(None, args.shapes.split(",")))
     for name, k, n in shapes():
         if wanted and name not in wanted:
@@ -89,9 +94,9 @@ def main() -> int:
             cell = {"shape": name, "k": k, "n": n, "m": m, "copies": copies,
                     "floor_us": floor_bytes(m, k, n, GROUP, False) / bandwidth * 1e6,
                     "default_us": time_cell(x, packs, skinny.DEFAULT_VARIANT, 0) * 1e6,
-                    "plan_us": time_cell(x, packs, STREAM, 0) * 1e6, "splits": {}}
-            for split in (s for s in SPLITS if s <= k // 128):
-                t = time_cell(x, packs, STREAM, split)
+                    "plan_us": time_cell(x, packs, variant, 0) * 1e6, "splits": {}}
+            for split in (s for s in splits if args.variant != "stream" or s <= k // 128):
+                t = time_cell(x, packs, variant, split)
                 cell["splits"][split] = t * 1e6 if isinstance(t, float) else t
             result["cells"].append(cell)
             timed = {s: t for s, t in cell["splits"].items() if isinstance(t, float)}
@@ -101,8 +106,8 @@ def main() -> int:
         torch.cuda.empty_cache()
     result["seconds"] = time.perf_counter() - start
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "stream_split.json").write_text(json.dumps(result, indent=1))
-    (args.out / "stream_split.md").write_text(markdown(result))
+    (args.out / f"{args.variant}_split.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"{args.variant}_split.md").write_text(markdown(result))
     log(markdown(result))
     return 0
 

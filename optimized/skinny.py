@@ -45,6 +45,9 @@ DEFAULT_VARIANT = -1
 # the same block tiles and K split, so row i of its output is bit-identical across them.
 STREAM_BUCKETS = ((1, 2), (3, 4), (5, 8), (9, 16))
 REGS_MAX_M = 8
+# The forced splits the register-ring kernels (base, regs_s4, seg_r4, seg_xs) take: warps of a
+# block sharing each row (csrc/skinny_binding.cpp).
+REGISTER_SPLITS = (1, 2, 4, 8)
 SEG_MAX_M = 4
 SEG_XS_MAX_BYTES = 96 * 1024
 # How a call overlaps the kernel before it on the stream (csrc/skinny_core.cuh Overlap, same order):
@@ -196,8 +199,11 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     them (weights prepared once; a host synchronize after writing them is enough). In a CUDA
     graph of back-to-back calls on the H200 it took 0.74-1.00x the time of "none"
     (bench/results/h200/overlap_h200.md).
-    split: for benchmarking the "stream" variant: its blocks along K (1 to K/128, within the
-    device's shared memory); 0 (the default) takes the kernel's plan. Other variants take 0 only.
+    split: for benchmarking a forced variant: the stream variant's blocks along K (1 to K/128,
+    within the device's shared memory), or the warps of a block sharing each row for base,
+    regs_s4, seg_r4 and seg_xs (REGISTER_SPLITS; 8 only where warps are 32 lanes); it steers that
+    kernel only, and where another one runs (settle_variant) that one takes its plan's split.
+    0 (the default) takes the kernel's plan; seg_p and the default policy take 0 only.
     Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics). Row i is bit-identical
     for every M that runs the same kernel configuration (under the default, same_rows_ranges: M 1,
     2, 3..4, 5..8 and 9..16 on the tensor cores, 1..8 and 9..16 on the simt engine);
@@ -217,9 +223,13 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
         raise ContractError(f"variant must be -1 (the default) or in [0, {len(VARIANTS)}), got {variant!r}")
     if overlap not in OVERLAPS:
         raise ContractError(f"overlap must be one of {OVERLAPS}, got {overlap!r}")
-    if not isinstance(split, int) or split < 0 or (split > 0 and variant != VARIANTS.index("stream")):
-        raise ContractError(f"split must be 0 (the plan's), or at least 1 with variant={VARIANTS.index('stream')} "
-                            f"(stream), got split={split!r} with variant={variant!r}")
+    stream = VARIANTS.index("stream")
+    if not isinstance(split, int) or split < 0 or (split > 0 and variant in (-1, VARIANTS.index("seg_p"))):
+        raise ContractError(f"split must be 0 (the plan's), or at least 1 with a variant other than -1 and "
+                            f"{VARIANTS.index('seg_p')} (seg_p), got split={split!r} with variant={variant!r}")
+    if split > 0 and variant != stream and split not in REGISTER_SPLITS:
+        raise ContractError(f"a forced split of variant {variant} ({VARIANTS[variant]}) must be one of "
+                            f"{REGISTER_SPLITS}, got {split}")
     if x.device.type != "cuda":
         raise SkinnyUnavailable(f"skinny_matmul runs on CUDA/ROCm devices, got x on {x.device}")
     if x.data_ptr() % ROW_ALIGN_BYTES or (problem.m > 1 and x.stride(0) * x.element_size() % ROW_ALIGN_BYTES):

@@ -626,7 +626,13 @@ REJECTED = [
     pytest.param(dict(variant=len(skinny.VARIANTS)), "variant must be -1", id="variant-out-of-range"),
     pytest.param(dict(variant=-2), "variant must be -1", id="variant-negative"),
     pytest.param(dict(overlap="early"), "overlap must be one of", id="unknown-overlap"),
-    pytest.param(dict(split=2), r"split must be 0 \(the plan's\), or at least 1 with variant=4", id="split-not-stream"),
+    pytest.param(dict(split=2), r"split must be 0 \(the plan's\), or at least 1 with a variant other than -1",
+                 id="split-with-default"),
+    pytest.param(dict(split=2, variant=5), r"split must be 0 .* variant other than -1 and 5 \(seg_p\)",
+                 id="split-with-seg-p"),
+    pytest.param(dict(split=3, variant=1), r"a forced split of variant 1 \(regs_s4\) must be one of \(1, 2, 4, 8\)",
+                 id="split-regs-not-power-of-two"),
+    pytest.param(dict(split=16, variant=3), r"must be one of \(1, 2, 4, 8\), got 16", id="split-seg-beyond-warps"),
     pytest.param(dict(split=-1, variant=4), "split must be 0", id="split-negative"),
 ]
 

@@ -148,10 +148,19 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
                                 static_cast<int>(prop->sharedMemPerBlockOptin),
                                 static_cast<int>(prop->sharedMemPerMultiprocessor)};
   TORCH_CHECK(split >= 0, "skinny_matmul: split must be 0 (the plan's) or positive, got ", num(split));
-  TORCH_CHECK(split == 0 || variant == w4::kVariantStream,
-              "skinny_matmul: split must be 0 (the plan's) unless variant is ", num(w4::kVariantStream),
-              " (stream), got split=", num(split), " with variant=", num(variant));
-  if (split > 0 && p.variant == w4::kVariantStream) {
+  TORCH_CHECK(split == 0 || (variant >= 0 && variant != w4::kVariantSegPersist),
+              "skinny_matmul: split must be 0 (the plan's) unless variant names a kernel other than ",
+              num(w4::kVariantSegPersist), " (seg_p, which plans its own grid), got split=", num(split),
+              " with variant=", num(variant));
+  const int warps = w4::kBlockThreads / prop->warpSize;
+  TORCH_CHECK(split == 0 || variant == w4::kVariantStream || (split <= warps && (split & (split - 1)) == 0),
+              "skinny_matmul: a forced split of variant ", num(variant), " must be a power of two up to the ",
+              num(warps), " warps of a block, got ", num(split));
+  // A forced split steers the kernel it was asked for; where another one runs (settle_variant),
+  // that one takes its plan's split.
+  if (split > 0 && p.variant == variant && p.variant != w4::kVariantStream) {
+    p.split = static_cast<int>(split);
+  } else if (split > 0 && p.variant == w4::kVariantStream) {
     TORCH_CHECK(split <= k / w4::kStreamPieceK, "skinny_matmul: the stream variant's split must be in [1, K/",
                 num(w4::kStreamPieceK), "] = [1, ", num(k / w4::kStreamPieceK), "], got ", num(split));
     const int shared = w4::stream_plan_layout(p.n, p.m, p.k, p.group_size, !zeros.has_value(), static_cast<int>(split),
