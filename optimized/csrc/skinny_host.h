@@ -286,8 +286,18 @@ W4_HD inline StreamLayout stream_plan_layout(int n, int m, int k, int group_size
 // the H200 this policy was never slower than aiming at num_sms * 2 blocks above M = 4 beyond
 // noise, and it removed a step in time from M = 4 to 5 (skinny_variants_log.txt: v1 against v0).
 //
-// The pipelined and segmented kernels: the split with the least modelled wave quantization,
-// among those that leave every warp an iteration of K. Their blocks are
+// The segmented kernels (seg_r4, seg_xs): the smallest split that gives at least
+// kSegFillPercent % of num_sms blocks (else the largest that leaves every warp an iteration of
+// K). Against every forced split on an H100 (bench/results/h100/seg_xs_split_s28.md: 8 Llama
+// decode shapes x M 1, 2, 4) this picks the fastest split in 22 of 24 cells and is 2-4% off it
+// in the other two, where the wave model below picked a split up to 1.29x slower than the
+// fastest (K4096 x N6144 at M = 1: split 4, 9.0 us against 7.0 at split 1; K4096 x N28672 at
+// M = 4: split 8, 29.5 against 24.4): fewer, larger blocks keep x in shared memory (split 1)
+// and share it over more rows, which the wave model does not see, and one wave with a partial
+// second costs less than it assumes.
+//
+// The pipelined kernel: the split with the least modelled wave quantization,
+// among those that leave every warp an iteration of K. Its blocks are
 // equal, so they run in waves of num_sms * kMinBlocks (its occupancy); counting time in
 // block-times of a busy SM, a full wave takes kMinBlocks and a last partial wave takes its most
 // loaded SM's block count, at least 2 (an SM with one block is assumed to run at half speed, as a
@@ -301,13 +311,22 @@ inline int tile_rows(int variant, int m) {
   return is_seg(variant) ? kBlockThreads / 32 * kSegRowSets * seg_m_pad(m) : kTileRows;
 }
 
+constexpr int kSegFillPercent = 120;
 inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int variant) {
   const int warps = kBlockThreads / warp_size;
   const int rows = tile_rows(variant, m);
   if (variant == kVariantSegPersist) return 1;
+  if (is_seg(variant)) {
+    const int iters = (k + 8 / seg_m_pad(m) * kIterK - 1) / (8 / seg_m_pad(m) * kIterK);
+    int split = 1;
+    while (split * 2 <= warps && split * 2 <= iters &&
+           100LL * ((n + rows / split - 1) / (rows / split)) < static_cast<long long>(kSegFillPercent) * num_sms) {
+      split *= 2;
+    }
+    return split;
+  }
   if (variant != kVariantBase) {
-    const int iter_k = is_seg(variant) ? 8 / seg_m_pad(m) * kIterK : kIterK;
-    const int iters = (k + iter_k - 1) / iter_k;
+    const int iters = (k + kIterK - 1) / kIterK;
     const int slots = num_sms * kMinBlocks;
     double best = -1.0;
     int best_split = 1;
