@@ -703,6 +703,7 @@ def markdown(result: dict) -> str:
         lines.append("")
     timing = result.get("timing", [])
     if timing:
+        lines += target_lines(target_summary(timing))
         lines += ["## Timing (cold weights, CUDA graph; % of HBM floor, speedup vs dense)", "",
                   "| case | M | floor us | mma us | mma % | simt us | simt % | dense us | mma vs dense |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -714,6 +715,46 @@ def markdown(result: dict) -> str:
                          f"{r['mma_pct_floor']:.0f} | {r['simt_us']:.1f} | {r['simt_pct_floor']:.0f} | "
                          f"{r['dense_us']:.1f} | {r['mma_speedup_vs_dense']:.2f}x |")
     return "\n".join(lines) + "\n"
+
+
+# Issue 4's speed targets: at M = 1, TARGET_M1_PCT % of the floor on every cell whose floor is at
+# least TARGET_MIN_FLOOR_US (shorter kernels are dominated by launch and tail); and M = 16 within
+# TARGET_M16_RATIO of M = 1 on every case.
+TARGET_MIN_FLOOR_US = 7.0
+TARGET_M1_PCT = 90.0
+TARGET_M16_RATIO = 1.15
+
+
+def target_summary(timing: list[dict], engine: str = "mma") -> dict:
+    """Issue 4's targets over a timing table (rows as run_timing writes them): the M = 1 cells with
+    a floor >= TARGET_MIN_FLOOR_US and how many reach TARGET_M1_PCT, worst first; each case's
+    t(M=16) / t(M=1), worst first. A case missing M = 1 or 16 (or with an error) is left out."""
+    by_case: dict[str, dict[int, dict]] = {}
+    for r in timing:
+        if "error" not in r and f"{engine}_us" in r:
+            by_case.setdefault(r["case"], {})[r["m"]] = r
+    m1 = sorted(((ms[1][f"{engine}_pct_floor"], case) for case, ms in by_case.items()
+                 if 1 in ms and ms[1]["floor_us"] >= TARGET_MIN_FLOOR_US))
+    ratios = sorted(((ms[16][f"{engine}_us"] / ms[1][f"{engine}_us"], case) for case, ms in by_case.items()
+                     if 1 in ms and 16 in ms), reverse=True)
+    return {"engine": engine,
+            "m1_cells": [{"case": c, "pct_floor": p} for p, c in m1],
+            "m1_met": sum(p >= TARGET_M1_PCT for p, _ in m1),
+            "m16_over_m1": [{"case": c, "ratio": r} for r, c in ratios],
+            "m16_met": sum(r <= TARGET_M16_RATIO for r, _ in ratios)}
+
+
+def target_lines(summary: dict) -> list[str]:
+    m1, ratios = summary["m1_cells"], summary["m16_over_m1"]
+    lines = [f"## Targets ({summary['engine']} engine; issue 4)", "",
+             f"- M = 1 at >= {TARGET_M1_PCT:.0f}% of the floor where the floor is >= {TARGET_MIN_FLOOR_US:.0f} us: "
+             f"{summary['m1_met']} of {len(m1)} cells"]
+    if m1:
+        lines.append("  - worst: " + ", ".join(f"{c['case']} {c['pct_floor']:.0f}%" for c in m1[:4]))
+    lines.append(f"- t(M = 16) / t(M = 1) <= {TARGET_M16_RATIO}: {summary['m16_met']} of {len(ratios)} cases")
+    if ratios:
+        lines.append("  - worst: " + ", ".join(f"{c['case']} {c['ratio']:.2f}" for c in ratios[:4]))
+    return lines + [""]
 
 
 def write(result: dict, out: Path) -> None:
@@ -780,6 +821,9 @@ def main() -> int:
         result["bandwidth"] = copy_bandwidth(device)
         log(f"[bandwidth] copy {result['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s")
         result["timing"] = run_timing(timing_cases(), result["bandwidth"]["bytes_per_s"], device, variant=variant)
+        result["targets"] = target_summary(result["timing"])
+        for line in target_lines(result["targets"])[2:]:
+            log(f"[targets] {line.strip()}")
     failures = sum(not r.get("passed") for r in result["opcheck"] + result["parity"])
     result["failures"] = failures
     write(result, args.out)

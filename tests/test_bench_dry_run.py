@@ -1,10 +1,12 @@
-"""The H200 scripts' dry runs: tiny shapes on CPU through the same code the H200 run takes.
-(The Triton bench's dry runs are tested in tests/test_triton_kernel.py.)"""
+"""The H200 scripts' dry runs (tiny shapes on CPU through the same code the H200 run takes) and
+their report helpers. (The Triton bench's dry runs are tested in tests/test_triton_kernel.py.)"""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,3 +54,45 @@ def test_overlap_dry_run_reports_every_mode(tmp_path):
     assert "skinny weights: geometric-mean speedup over none" in report
     result = json.loads((tmp_path / "overlap_h200.json").read_text())
     assert {r["overlap"] for r in result["timing"]} == {"none", "weights"}
+
+
+def timing_row(case: str, m: int, us: float, floor_us: float) -> dict:
+    return {"case": case, "m": m, "mma_us": us, "floor_us": floor_us, "mma_pct_floor": 100 * floor_us / us}
+
+
+def test_target_summary_counts_issue_4_targets():
+    """Only M = 1 cells with a floor >= 7 us count for the 90% target, worst first; t16/t1 per case."""
+    from bench.skinny_h200 import target_summary
+
+    timing = [timing_row("big", 1, 10.0, 9.5), timing_row("big", 16, 11.0, 9.6),
+              timing_row("slow", 1, 20.0, 10.0), timing_row("slow", 16, 40.0, 10.2),
+              timing_row("tiny", 1, 6.0, 3.0), timing_row("tiny", 16, 6.5, 3.1),
+              {"case": "broken", "m": 1, "error": "boom"}]
+    summary = target_summary(timing)
+    assert [c["case"] for c in summary["m1_cells"]] == ["slow", "big"]
+    assert summary["m1_met"] == 1
+    assert [(c["case"], round(c["ratio"], 3)) for c in summary["m16_over_m1"]] == [("slow", 2.0), ("big", 1.1),
+                                                                                   ("tiny", 1.083)]
+    assert summary["m16_met"] == 2
+
+
+def test_compare_skinny_reports_after_over_before(tmp_path):
+    """Cells both tables timed, ratio after / before, grouped by M; the CLI writes the report."""
+    before = {"environment": {"gpu": "A"}, "timing": [timing_row("a", 1, 10.0, 9.0), timing_row("a", 16, 20.0, 9.0),
+                                                      timing_row("only-before", 1, 5.0, 4.0)]}
+    after = {"environment": {"gpu": "B"}, "timing": [timing_row("a", 1, 5.0, 9.0), timing_row("a", 16, 20.4, 9.0)]}
+    paths = [tmp_path / "before.json", tmp_path / "after.json"]
+    for path, table in zip(paths, (before, after)):
+        path.write_text(json.dumps(table))
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "compare_skinny.py"), *map(str, paths), "--out",
+                          str(tmp_path / "report.md")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = (tmp_path / "report.md").read_text()
+    assert "2 cells, geometric mean 0.714" in report
+    assert "| 1 | 1 | 0.500 | 1 | 0 |" in report and "| 16 | 1 | 1.020 | 0 | 0 |" in report
+    assert "**Different cards**" in report
+
+    from bench.compare_skinny import compare
+
+    with pytest.raises(ValueError, match="share no timed mma cell"):
+        compare(before, {"timing": [timing_row("other", 1, 1.0, 1.0)]})
