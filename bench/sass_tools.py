@@ -16,6 +16,9 @@ import triton
 
 SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,6})\*/\s+(.*?)\s*;")
 BRANCH = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)|(0x[0-9a-f]+))")
+# A warp-divergence check before a shuffle (BRA.DIV) jumps to a fallback that ptxas places after
+# the function's body and that branches back into it: never a loop of the kernel's.
+DIV_BRANCH = re.compile(r"\bBRA\.DIV\s+\S+,\s*(0x[0-9a-f]+)")
 
 
 def tool(name: str) -> Path:
@@ -43,8 +46,10 @@ def cubin_resources(cubin: bytes) -> dict:
 def loop_opcodes(sass: str) -> collections.Counter:
     """Opcode counts of the instructions inside the longest backward branch."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in map(SASS_LINE.match, sass.splitlines()) if m]
+    fallback = min((int(d.group(1), 16) for _, text in lines if (d := DIV_BRANCH.search(text))), default=None)
     loops = [(target, addr) for addr, text in lines
-             if (b := BRANCH.search(text)) and b.group(1) and (target := int(b.group(1), 16)) < addr]
+             if (b := BRANCH.search(text)) and b.group(1) and (target := int(b.group(1), 16)) < addr
+             and (fallback is None or addr < fallback)]
     if not loops:
         return collections.Counter()
     start, end = max(loops, key=lambda span: span[1] - span[0])
