@@ -34,9 +34,14 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the stream variant's; the others 
 REPLAYS = 10
 
 
-def shapes() -> list[tuple[str, int, int]]:
-    return [(f"{s.model}.{s.layer}", s.k, s.n) for s in MODEL_SHAPES
-            if s.model in ("llama3.1-8b", "llama3.3-70b")]
+def shapes(names: set[str]) -> list[tuple[str, int, int]]:
+    """The fixture shapes named (model.layer), or with none named every 8B and 70B Llama shape."""
+    chosen = [(f"{s.model}.{s.layer}", s.k, s.n) for s in MODEL_SHAPES
+              if (f"{s.model}.{s.layer}" in names if names else s.model in ("llama3.1-8b", "llama3.3-70b"))]
+    unknown = names - {name for name, _, _ in chosen}
+    if unknown:
+        raise SystemExit(f"unknown shapes {sorted(unknown)}; expected model.layer names of oracle.shapes.MODEL_SHAPES")
+    return chosen
 
 
 def time_cell(x: torch.Tensor, packs: list, variant: int, split: int) -> float | str:
@@ -67,7 +72,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ms", default="1,4,16")
-    parser.add_argument("--shapes", default="", help="comma-separated shape names (default: every 8B and 70B shape)")
+    parser.add_argument("--shapes", default="", help="comma-separated model.layer names of any fixture shape (default: every 8B and 70B shape)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="skip shapes started after this many seconds")
     parser.add_argument("--variant", choices=[v for v in skinny.VARIANTS if v != "seg_p"], default="stream")
     args = parser.parse_args()
@@ -79,10 +84,7 @@ def main() -> int:
     bandwidth = copy_bandwidth("cuda")["bytes_per_s"]
     result = {"gpu": torch.cuda.get_device_name(), "variant": args.variant, "bandwidth": bandwidth, "cells": [],
               "skipped": []}
-    wanted = set(filter(None, args.shapes.split(",")))
-    for name, k, n in shapes():
-        if wanted and name not in wanted:
-            continue
+    for name, k, n in shapes(set(filter(None, args.shapes.split(",")))):
         if time.perf_counter() - start > args.budget_s:
             result["skipped"].append(name)
             continue

@@ -96,11 +96,10 @@ def test_nvcc_compiles_core_for_sm90(sm90_objects):
 
 def test_segmented_loop_instruction_budget(sm90_objects):
     """The M = 1 kernels' main loops (seg_xs with x in shared memory, and seg_p; bf16, zero points,
-    G = 128): weights reach the tensor cores as exact 128 + q with no per-weight subtraction or
-    scale multiply (a group's sums lose (128 + z) times its sum of x and are scaled once), one mma
-    per 8 weights of a lane, no local memory; seg_xs at most 2.4 instructions per weight (2.29
-    today; 2.69 subtracting z per weight pair, 3.33 with a multiply per pair as well, which the
-    H200 ran issuing in 70% of its cycles, bench/skinny_sass.py). seg_p's loop is seg_xs's plus,
+    G = 128): weights reach the tensor cores as exact q - z with no per-weight scale multiply (a
+    group's sums are scaled once), one mma per 8 weights of a lane, no local memory; seg_xs at most
+    2.8 instructions per weight (2.72 today, from 3.33 with a multiply per weight pair; the H200 ran
+    that version issuing in 70% of its cycles, bench/skinny_sass.py). seg_p's loop is seg_xs's plus,
     in each of its 3 unrolled iterations, the end of a row group (its outputs' sums and stores,
     the next group's offsets), which runs once a group: at most 200 instructions each (187 today)."""
     from bench.skinny_sass import kernels, loop_cost, object_sass, unit
@@ -111,9 +110,9 @@ def test_segmented_loop_instruction_budget(sm90_objects):
         costs[k.variant] = cost = loop_cost(k, object_sass(work / f"{unit(k.variant).stem}.o"), "bf16", 128, False)
         ops = cost["opcodes_per_weight"]
         assert ops.get("HMMA.16816.F32.BF16") == pytest.approx(1 / 8), ops
-        assert not [op for op in ops if op.startswith(("HMUL2", "HADD2", "HFMA2"))], ops
+        assert not [op for op in ops if op.startswith("HMUL2")], ops
         assert not [op for op in ops if op.startswith(("LDL", "STL"))], ops
-    assert costs["seg_xs"]["per_weight"] <= 2.4, costs["seg_xs"]
+    assert costs["seg_xs"]["per_weight"] <= 2.8, costs["seg_xs"]
     extra = costs["seg_p"]["loop_instructions"] - costs["seg_xs"]["loop_instructions"]
     assert 0 < extra <= 3 * 200, (extra, costs)
 

@@ -15,9 +15,7 @@
 //    k are 4 nibbles from each of the quad's 4 chunks; x is permuted to the same order. Weights
 //    are dequantized to T as (q - z) * s (one rounding), products and sums are fp32. At G = 128
 //    the quad's 4 chunks are one group, so the pipelined and segmented kernels feed the exact
-//    q - z instead and scale each group's fp32 sums once (the base kernel still rounds); in bf16,
-//    seg_xs and seg_p feed the exact 128 + q and subtract (128 + z) times the group's sum of x
-//    from those sums (offset_dequant).
+//    q - z instead and scale each group's fp32 sums once (the base kernel still rounds).
 //  * kSimt (everywhere, the only engine on HIP): each lane forms fp32 dot products over its
 //    chunk, (q - z) * s exact in fp32, then the quad adds its 4 partial sums with shuffles.
 //
@@ -412,36 +410,6 @@ __device__ __forceinline__ void a_pairs(uint32_t w, uint32_t z, uint32_t s2, uin
   }
 }
 
-// The segmented kernel's bf16 weights at G = kIterK with x in shared memory skip even the
-// subtraction of z: the A operand is 128 + q (the bf16 pattern 0x4300 | q, exact), and a group's
-// fp32 sums, (128 + q) . x, become (q - z) . x by subtracting (128 + z) times the group's sum of x,
-// which the block forms once when it copies x. That is 4 fewer instructions a word (a quarter of
-// the loop) for one more multiply-add per kept sum a group. The price is cancellation: the sums
-// carry 128 + z where the exact form carries q - z, about 2^5 larger, so their fp32 rounding error
-// grows by as much: still 2^-13 of the result against bf16's 2^-9 rounding. fp16's exact offset is
-// 1024 (its 11-bit significand), 2^3 times more, too close to its own rounding: fp16 subtracts z.
-template <typename T, int G>
-__host__ __device__ constexpr bool offset_dequant() {
-  return std::is_same<T, bf16_t>::value && scale_after_mma(G);
-}
-
-// Pairs (128 + q_i, 128 + q_{i+4}) of one word in bf16, exact.
-__device__ __forceinline__ void offset_pairs_bf16(uint32_t w, uint32_t (&out)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) out[i] = and_or(w >> (4 * i), 0x000F000Fu, 0x43004300u);
-}
-
-// The fp32 sum of the 8 bf16 values of a 16-byte piece of x, in a fixed order.
-__device__ __forceinline__ float piece_sum_bf16(const uint4& v) {
-  float s = 0.f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t w = word(v, j);
-    s += __uint_as_float(w << 16) + __uint_as_float(w & 0xFFFF0000u);
-  }
-  return s;
-}
-
 template <typename T, int M_TILE, int G>
 struct MmaPipeAccumulator {
   static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0, "mma tiles are 16 rows x 8 m on 32 lanes");
@@ -760,9 +728,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
 // the lines of its weight loads. XS first copies x[:M_PAD] to shared memory (dynamic,
 // seg_x_shared_bytes), piece j of chunk c of row r at xs[(4 r + j) kc + c]: the lanes' loads of
 // one j are then consecutive 16-byte pieces, 4 wavefronts per 512 bytes, no bank conflicts.
-// With offset_dequant (bf16, G = 128) the copy also forms each group's sum of x, xsum[r][group]
-// in fp32 after the pieces in dynamic shared memory (seg_xsum_bytes): the 16 pieces of a group are
-// 16 consecutive lanes of one trip, which add their pieces' sums with shuffles.
 //
 // PERSIST (seg_p; split 1, XS): the grid is plan_seg_persist's blocks, and warp gw of W owns row
 // groups (kWarpRows rows each) [gw U / W, (gw + 1) U / W) of all U. Its iterations run unit by
@@ -780,7 +745,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   static_assert(W4_WARP_SIZE == 32 && R % 2 == 0 && 4 % M_PAD == 0, "16-row A tiles of two row sets on 32 lanes");
   static_assert(G % kLaneK == 0, "a lane's 32-k chunk lies in one group");
   constexpr bool kScaleAfter = detail::scale_after_mma(G);  // an iteration is one step group
-  constexpr bool kOffset = XS && detail::offset_dequant<T, G>();
   // Partial sums [split][block rows][8]: entry j = SEG m + s of a row is x row m at segment s.
   __shared__ float red[kWarps * kWarpRows * 8];
   W4_DYNAMIC_SHARED(uint4, xs);
@@ -838,9 +802,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   const uint4* xlane = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + (pr < p.m ? pr : 0) * p.stride_xm) +
                        4 * chunk0;
   const uint4* xs_lane = xs + 4 * pr * kc + chunk0;
-  float* xsum = reinterpret_cast<float*>(xs + M_PAD * 4 * kc);  // [M_PAD][groups] under kOffset
-  // The x row of the lane's C columns 2 t and 2 t + 1 (column j holds x row j / SEG).
-  const float* xsum_lane = xsum + (2 * t / SEG) * groups + group0;
 
   uint4 wr[S][R];
   uint32_t sr[S][R], zr[SYM ? 1 : S][ZW];
@@ -893,21 +854,10 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   for (int f = 0; f < S - 1; ++f) issue(f, f);
   pdl_wait();  // x and y only after it
   if constexpr (XS) {  // after the first weight loads are in flight; rows past m are zeros
-    // Whole warps run every trip (the group sums' shuffles need all lanes): a row holds 4 kc
-    // pieces, a multiple of 16 under kOffset, so a group's pieces never straddle two trips.
-    const int pieces = M_PAD * 4 * kc;
-    for (int i0 = warp * 32; i0 < pieces; i0 += kBlockThreads) {
-      const int i = i0 + lane;
+    for (int i = threadIdx.x; i < M_PAD * 4 * kc; i += kBlockThreads) {
       const int r = i / (4 * kc), piece = i - r * 4 * kc;
       const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + r * p.stride_xm) + piece;
-      const uint4 v = i < pieces && r < p.m ? detail::load_x(src) : make_uint4(0u, 0u, 0u, 0u);
-      if (i < pieces) xs[(4 * r + piece % 4) * kc + piece / 4] = v;
-      if constexpr (kOffset) {
-        float sum = detail::piece_sum_bf16(v);
-#pragma unroll
-        for (int d = 8; d >= 1; d /= 2) sum += shfl_xor(sum, d);
-        if (i < pieces && piece % 16 == 0) xsum[r * groups + piece / 16] = sum;
-      }
+      xs[(4 * r + piece % 4) * kc + piece / 4] = r < p.m ? detail::load_x(src) : make_uint4(0u, 0u, 0u, 0u);
     }
     __syncthreads();
   }
@@ -934,8 +884,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
         s2[a] = sr[u][a] * 0x10001u;
         z[a] = SYM ? 8u : (zr[SYM ? 0 : u][M_PAD * a / 8] >> zshift[a]) & 0xFu;
       }
-      // kOffset: the sum of x over the lane's group for its C columns (0 past k, as x is there).
-      const float xg = kOffset && ok ? xsum_lane[xe >> kGroupShift] : 0.f;
       // With kScaleAfter the iteration's mma steps sum (q - z) x exactly into `part`, scaled once.
       float part[R / 2][4];
 #pragma unroll
@@ -952,13 +900,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 #pragma unroll
         for (int i = 0; i < R / 2; ++i) {
           uint32_t d0[4], d1[4];  // A rows q (set 2 i) and q + 8 (set 2 i + 1)
-          if constexpr (kOffset) {
-            detail::offset_pairs_bf16(detail::word(wr[u][2 * i], j), d0);
-            detail::offset_pairs_bf16(detail::word(wr[u][2 * i + 1], j), d1);
-          } else {
-            detail::a_pairs<T, kScaleAfter>(detail::word(wr[u][2 * i], j), z[2 * i], s2[2 * i], d0);
-            detail::a_pairs<T, kScaleAfter>(detail::word(wr[u][2 * i + 1], j), z[2 * i + 1], s2[2 * i + 1], d1);
-          }
+          detail::a_pairs<T, kScaleAfter>(detail::word(wr[u][2 * i], j), z[2 * i], s2[2 * i], d0);
+          detail::a_pairs<T, kScaleAfter>(detail::word(wr[u][2 * i + 1], j), z[2 * i + 1], s2[2 * i + 1], d1);
           const uint32_t a_even[4] = {d0[0], d1[0], d0[1], d1[1]};
           const uint32_t a_odd[4] = {d0[2], d1[2], d0[3], d1[3]};
           float(&c)[4] = kScaleAfter ? part[i] : acc[i];
@@ -970,12 +913,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 #pragma unroll
         for (int i = 0; i < R / 2; ++i)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int a = 2 * i + c / 2;
-            float sum = part[i][c];  // kOffset: (128 + q) . x, less (128 + z) sum(x)
-            if constexpr (kOffset) sum -= bits_to_float<T>(0x4300u | z[a]) * xg;
-            acc[i][c] += bits_to_float<T>(sr[u][a]) * sum;
-          }
+          for (int c = 0; c < 4; ++c) acc[i][c] += bits_to_float<T>(sr[u][2 * i + c / 2]) * part[i][c];
       }
       if constexpr (PERSIST) {
         if (++ce == per_unit) {  // the unit's last iteration: its outputs, from the warp alone
@@ -1302,25 +1240,15 @@ void launch_seg_kernel(const SkinnyParams& p, int blocks, int shared_bytes, stre
   launch_kernel(kernel, blocks, shared_bytes, p, stream);
 }
 
-// seg_xs's dynamic shared memory after x: the group sums of x under offset_dequant.
-template <typename T, int M_PAD, int G>
-int seg_xsum_bytes(int k) {
-  return detail::offset_dequant<T, G>() ? M_PAD * (k / G) * static_cast<int>(sizeof(float)) : 0;
-}
-
 template <typename T, int M_PAD, int G, bool SYM, int V>
 void launch_seg_tile(const SkinnyParams& p, stream_t stream) {
   if constexpr (V == kVariantSegPersist) {  // settle_variant leaves it only where x fits in shared memory
-    launch_seg_kernel<T, M_PAD, G, SYM, true, true>(
-        p, p.blocks, seg_x_shared_bytes(p.m, p.k, 1) + seg_xsum_bytes<T, M_PAD, G>(p.k), stream);
+    launch_seg_kernel<T, M_PAD, G, SYM, true, true>(p, p.blocks, seg_x_shared_bytes(p.m, p.k, 1), stream);
   } else {
     const int block_rows = kBlockThreads / 32 / p.split * kSegRowSets * M_PAD;
     const int blocks = (p.n + block_rows - 1) / block_rows;
     const int shared_bytes = p.variant == kVariantSegXs ? seg_x_shared_bytes(p.m, p.k, p.split) : 0;
-    if (shared_bytes > 0) {
-      return launch_seg_kernel<T, M_PAD, G, SYM, true, false>(p, blocks, shared_bytes + seg_xsum_bytes<T, M_PAD, G>(p.k),
-                                                             stream);
-    }
+    if (shared_bytes > 0) return launch_seg_kernel<T, M_PAD, G, SYM, true, false>(p, blocks, shared_bytes, stream);
     launch_seg_kernel<T, M_PAD, G, SYM, false, false>(p, blocks, 0, stream);
   }
 }
