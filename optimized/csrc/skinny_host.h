@@ -290,11 +290,14 @@ W4_HD inline StreamLayout stream_plan_layout(int n, int m, int k, int group_size
 // kSegFillPercent % of num_sms blocks (else the largest that leaves every warp an iteration of
 // K). Against every forced split on an H100 (session 27's seg_xs sweep, 8 Llama decode shapes x
 // M 1, 2, 4; its files were lost, its log is quoted in bench/results/h100/README.md) this picks
-// the fastest split in 22 of 24 cells and is 2-4% off it in the other two, where the wave model below picked a split up to 1.29x slower than the
-// fastest (K4096 x N6144 at M = 1: split 4, 9.0 us against 7.0 at split 1; K4096 x N28672 at
-// M = 4: split 8, 29.5 against 24.4): fewer, larger blocks keep x in shared memory (split 1)
-// and share it over more rows, which the wave model does not see, and one wave with a partial
-// second costs less than it assumes.
+// the fastest split in 22 of 24 cells and is 2-4% off it in the other two, where the wave model
+// below picked a split up to 1.29x slower than the fastest (K4096 x N6144 at M = 1: split 4,
+// 9.0 us against 7.0 at split 1; K4096 x N28672 at M = 4: split 8, 29.5 against 24.4): fewer,
+// larger blocks keep x in shared memory (split 1) and share it over more rows, which the wave
+// model does not see. It is not right everywhere: on other fixture shapes (skinny_s28.md against
+// skinny_s27.md, bench/results/h100/README.md) split 1 was up to 1.19x slower than the wave
+// model's split 8 (K8192 x N10240 at M = 2; K3584 x N37888 at M = 3..4, whose 296 blocks leave a
+// partial second wave on 264 slots).
 //
 // The pipelined kernel: the split with the least modelled wave quantization,
 // among those that leave every warp an iteration of K. Its blocks are
