@@ -542,7 +542,8 @@ def variant_table(result: dict) -> str:
     keeps it)."""
     names = skinny.VARIANTS
     lines = ["", "== variants: " + "  ".join(f"v{v}={name}" for v, name in enumerate(names))
-             + f"; default (dflt): v{skinny.default_variant(1)} at M <= {skinny.SEG_MAX_M}, "
+             + f"; default (dflt): v{skinny.default_variant(1)} at M = 1, "
+             f"v{skinny.default_variant(2)} to M = {skinny.SEG_MAX_M}, "
              f"v{skinny.default_variant(skinny.SEG_MAX_M + 1)} to M = {skinny.REGS_MAX_M}, "
              f"v{skinny.default_variant(skinny.MAX_M)} above"]
     if "bandwidth" in result:

@@ -35,9 +35,9 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # in SEG_XS_MAX_BYTES and that grid fills 3/4 of the SMs' warp slots; seg_xs runs where the grid
 # does not, seg_r4 where x does not fit, regs_s4 on other calls).
 VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs", "stream", "seg_p")
-# variant=-1 (the default) picks per call in the kernel's host dispatch: seg_p at M <= SEG_MAX_M
-# (which runs seg_xs where its grid would give a warp one row group, or fill under 3/4 of the
-# SMs' warp slots), regs_s4 up to REGS_MAX_M, stream above (csrc/skinny_host.h default_variant and
+# variant=-1 (the default) picks per call in the kernel's host dispatch: seg_p at M = 1 (which
+# runs seg_xs where its grid would give a warp one row group, or fill under 3/4 of the SMs' warp
+# slots), seg_xs up to SEG_MAX_M, regs_s4 up to REGS_MAX_M, stream above (csrc/skinny_host.h default_variant and
 # seg_persist_blocks, from the comparisons in bench/results/h200/ and h100/). default_variant(m)
 # mirrors it for reports.
 DEFAULT_VARIANT = -1
@@ -60,11 +60,13 @@ OVERLAPS = ("none", "weights")
 
 def default_variant(m: int) -> int:
     """The index into VARIANTS that variant=-1 asks for at M = m. On the mma engine seg_p runs
-    where its plan has a grid (seg_xs elsewhere, seg_r4 where x does not fit in SEG_XS_MAX_BYTES)
-    and stream where K % 128 == 0; elsewhere regs_s4 runs where this names seg_p, base where it
-    names stream."""
-    if m <= SEG_MAX_M:
+    where its plan has a grid (seg_xs elsewhere), seg_xs where x fits in SEG_XS_MAX_BYTES at split
+    1 (seg_r4 elsewhere), and stream where K % 128 == 0; elsewhere regs_s4 runs where this names
+    seg_p or seg_xs, base where it names stream."""
+    if m == 1:
         return VARIANTS.index("seg_p")
+    if m <= SEG_MAX_M:
+        return VARIANTS.index("seg_xs")
     return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("stream")
 
 

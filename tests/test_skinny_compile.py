@@ -139,10 +139,11 @@ HOST_PLAN_PROGRAM = r"""
 #include "skinny_host.h"
 #include <cstdio>
 int main() {
-  for (int n = 4096; n <= 57344; n += 57344 - 4096) {
+  const int shapes[3][2] = {{14336, 4096}, {3584, 4608}, {8192, 57344}};  // K, N
+  for (const auto& shape : shapes) {
     for (int m = 1; m <= w4::kMaxM; ++m) {
       w4::SkinnyParams p{};
-      p.m = m; p.n = n; p.k = n == 4096 ? 14336 : 8192; p.group_size = 128;
+      p.m = m; p.n = shape[1]; p.k = shape[0]; p.group_size = 128;
       p.zeros = reinterpret_cast<const uint32_t*>(16);  // asymmetric: any non-null pointer
       p.variant = w4::settle_variant(w4::resolve_variant(w4::kAutoVariant, m), m, true, p.k);
       const w4::DeviceLimits limits{132, 32, 227 * 1024, 228 * 1024};
@@ -169,9 +170,10 @@ int main() {
 def test_binding_plan_builds_with_the_host_compiler(tmp_path):
     """skinny_host.h, all of the kernels the binding (a .cpp unit) includes, builds with the host
     compiler alone (no CUDA or HIP header on the path, warnings as errors), and its plan makes
-    sense: the default variant per M (seg_p where its grid gives a warp 2 or more row groups:
-    N = 57344 at M <= 4, 2 or 4 of them a warp, on 132 SMs; at N = 4096, 1 a warp, seg_xs, or
-    seg_r4 where x is over SEG_XS_MAX_BYTES), a split
+    sense: the default variant per M (at M = 1 seg_p where its grid gives a warp 2 or more row
+    groups: N = 57344, on 132 SMs; at N = 4096 and 4608, 1 a warp, seg_xs), the segmented kernels'
+    split the smallest whose grid has a block for each of the 132 SMs (split 1 at N = 4608 and
+    M = 1: 144 blocks), a split
     that fits shared memory, a workspace exactly when the stream kernel splits K, and for the
     stream kernel at M 9..16 (more blocks than SMs) a ring (4 slots, or 2 at M >= 10 of K 8192 x
     N 57344, whose x would leave one block an SM) with which two blocks share an SM; then a grid of
@@ -182,17 +184,20 @@ def test_binding_plan_builds_with_the_host_compiler(tmp_path):
     compile_or_fail([gxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{CSRC}", str(source), "-o",
                      str(tmp_path / "plan")])
     lines = subprocess.run([str(tmp_path / "plan")], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert len(lines) == 2 * skinny.MAX_M + 1
+    assert len(lines) == 3 * skinny.MAX_M + 1
     split, stages, grid = (int(v) for v in lines.pop().split())
     assert (split, stages) == (1, 4) and grid <= 132, "a grid of one block an SM keeps the deep ring"
-    stream, seg_p = skinny.VARIANTS.index("stream"), skinny.VARIANTS.index("seg_p")
+    stream, seg_p, seg_xs = (skinny.VARIANTS.index(v) for v in ("stream", "seg_p", "seg_xs"))
     for i, line in enumerate(lines):
-        n, m = (4096, 57344)[i // skinny.MAX_M], i % skinny.MAX_M + 1
+        n, m = (4096, 4608, 57344)[i // skinny.MAX_M], i % skinny.MAX_M + 1
         variant, split, blocks, shared, stages, resident, workspace = (int(v) for v in line.split())
-        expected = skinny.default_variant(m)
-        if n == 4096 and m <= skinny.SEG_MAX_M:  # x rows of 14336 fit SEG_XS_MAX_BYTES at M_PAD <= 2 only
-            expected = skinny.VARIANTS.index("seg_xs" if m <= 2 else "seg_r4")
+        expected = seg_xs if n < 57344 and m == 1 else skinny.default_variant(m)
         assert variant == expected, (n, m, line)
+        if variant == seg_xs:  # 8 warps of 4 row sets of M_PAD rows a block at split 1
+            def grid(s: int) -> int:
+                return -(-n // (32 * (1 if m == 1 else 2 if m == 2 else 4) // s))
+            assert grid(split) >= 132 or split == 8, (n, m, line)
+            assert split == 1 or grid(split // 2) < 132, (n, m, line)
         assert (blocks > 0) == (variant == seg_p) and blocks <= 132 * 2, (n, m, line)
         assert split >= 1 and shared <= 227 * 1024, (n, m, line)
         assert workspace == (split * m * n if variant == stream and split > 1 else 0), (n, m, line)
@@ -457,12 +462,13 @@ def test_python_limits_match_the_kernel():
     assert bucket and skinny.STREAM_BUCKETS == ((1, 2), (3, 4), (5, 8), (9, skinny.MAX_M))
     xs_kib = int(re.search(r"kSegXsMaxBytes = (\d+) \* 1024;", core).group(1))
     assert xs_kib * 1024 == skinny.SEG_XS_MAX_BYTES
-    assert re.search(r"return m <= kSegMaxM \? kVariantSegPersist : m <= kRegsMaxM \? kVariantRegs : kVariantStream;",
-                     core), "default_variant in skinny_host.h changed: update skinny.default_variant"
+    assert re.search(r"return m == 1 \? kVariantSegPersist : m <= kSegMaxM \? kVariantSegXs : m <= kRegsMaxM \? "
+                     r"kVariantRegs : kVariantStream;", core), \
+        "default_variant in skinny_host.h changed: update skinny.default_variant"
     v = skinny.VARIANTS.index
     assert [skinny.default_variant(m) for m in range(1, skinny.MAX_M + 1)] == \
-        [v("seg_p")] * skinny.SEG_MAX_M + [v("regs_s4")] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + \
-        [v("stream")] * (skinny.MAX_M - skinny.REGS_MAX_M)
+        [v("seg_p")] + [v("seg_xs")] * (skinny.SEG_MAX_M - 1) + \
+        [v("regs_s4")] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + [v("stream")] * (skinny.MAX_M - skinny.REGS_MAX_M)
 
 
 def torch_check_messages(source: str) -> list[list[str]]:

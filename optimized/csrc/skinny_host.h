@@ -76,8 +76,12 @@ constexpr int kNumOverlaps = 2;
 
 // The default: seg_p (seg_xs on a persistent grid where that has 2 or more row groups a warp,
 // seg_xs elsewhere, see seg_persist_blocks; seg_xs is seg_r4 at split 1, see seg_x_shared_bytes) at
-// M <= kSegMaxM, regs_s4 up to M = kRegsMaxM, stream above (base where stream cannot run, see
-// settle_variant). Stream
+// M = 1, seg_xs up to M = kSegMaxM, regs_s4 up to M = kRegsMaxM, stream above (base where stream
+// cannot run, see settle_variant). seg_p against seg_xs under its split plan, on one H100
+// (bench/results/h100/seg_xs_split_s28_a.md, the default and plan columns, bf16 asym): at M = 1
+// 0.86-0.96x seg_xs's time on the 6 gate_up shapes where seg_p has a grid (1.02x on a seventh);
+// at M = 2..4 never more than 1.2% faster and up to 1.08x slower (K8192 x N57344 at M = 2: 97.2
+// against 90.1 us), so M = 2..4 run seg_xs. Stream
 // against base at M = 9 and 16 on an H100 (session 22; 5 decode shapes x fp16 sym / bf16 asym,
 // bench/results/h100/skinny_variants_s22.txt): 1.04-1.65x faster at M = 16 in all 10 cells,
 // 1.16-1.39x at M = 9 in 8 of 10 and 4% slower on K14336 x N4096; at M = 5..8 it was slower than
@@ -94,7 +98,7 @@ constexpr int kNumOverlaps = 2;
 constexpr int kRegsMaxM = 8;
 
 W4_HD constexpr int default_variant(int m) {
-  return m <= kSegMaxM ? kVariantSegPersist : m <= kRegsMaxM ? kVariantRegs : kVariantStream;
+  return m == 1 ? kVariantSegPersist : m <= kSegMaxM ? kVariantSegXs : m <= kRegsMaxM ? kVariantRegs : kVariantStream;
 }
 
 // The variant asked for: `variant` itself, or for kAutoVariant the default at m rows.
@@ -286,18 +290,15 @@ W4_HD inline StreamLayout stream_plan_layout(int n, int m, int k, int group_size
 // the H200 this policy was never slower than aiming at num_sms * 2 blocks above M = 4 beyond
 // noise, and it removed a step in time from M = 4 to 5 (skinny_variants_log.txt: v1 against v0).
 //
-// The segmented kernels (seg_r4, seg_xs): the smallest split that gives at least
-// kSegFillPercent % of num_sms blocks (else the largest that leaves every warp an iteration of
-// K). Against every forced split on an H100 (session 27's seg_xs sweep, 8 Llama decode shapes x
-// M 1, 2, 4; its files were lost, its log is quoted in bench/results/h100/README.md) this picks
-// the fastest split in 22 of 24 cells and is 2-4% off it in the other two, where the wave model
-// below picked a split up to 1.29x slower than the fastest (K4096 x N6144 at M = 1: split 4,
-// 9.0 us against 7.0 at split 1; K4096 x N28672 at M = 4: split 8, 29.5 against 24.4): fewer,
-// larger blocks keep x in shared memory (split 1) and share it over more rows, which the wave
-// model does not see. It is not right everywhere: on other fixture shapes (skinny_s28.md against
-// skinny_s27.md, bench/results/h100/README.md) split 1 was up to 1.19x slower than the wave
-// model's split 8 (K8192 x N10240 at M = 2; K3584 x N37888 at M = 3..4, whose 296 blocks leave a
-// partial second wave on 264 slots).
+// The segmented kernels (seg_r4, seg_xs): the smallest split whose grid has a block for every SM
+// (else the largest that leaves every warp an iteration of K). Fewer, larger blocks keep x in
+// shared memory (split 1) and share it over more rows, but a grid short of the SMs leaves some
+// idle. Against every forced split on an H100 (bench/results/h100/seg_xs_split_s28_{a,b}.md, 25
+// fixture shapes x M 1..4, bf16 asym) this took 1.0016x the fastest split's time (geometric mean),
+// 1.04x at worst. Aiming at 120% of the SMs instead: 1.010x, 1.23x at worst (K3584 x N4608 at
+// M = 1: 144 blocks, short of 158, so split 2, 8.1 us against 6.5 at split 1); at 95%: 1.087x,
+// 1.62x at worst (K28672 x N8192 at M = 2: split 1's 128 blocks on 132 SMs, 79.4 against 49.1 us
+// at split 2). The wave model below (the rule before session 28) took 1.22x.
 //
 // The pipelined kernel: the split with the least modelled wave quantization,
 // among those that leave every warp an iteration of K. Its blocks are
@@ -314,7 +315,6 @@ inline int tile_rows(int variant, int m) {
   return is_seg(variant) ? kBlockThreads / 32 * kSegRowSets * seg_m_pad(m) : kTileRows;
 }
 
-constexpr int kSegFillPercent = 120;
 inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int variant) {
   const int warps = kBlockThreads / warp_size;
   const int rows = tile_rows(variant, m);
@@ -322,8 +322,7 @@ inline int choose_split(int n, int m, int k, int num_sms, int warp_size, int var
   if (is_seg(variant)) {
     const int iters = (k + 8 / seg_m_pad(m) * kIterK - 1) / (8 / seg_m_pad(m) * kIterK);
     int split = 1;
-    while (split * 2 <= warps && split * 2 <= iters &&
-           100LL * ((n + rows / split - 1) / (rows / split)) < static_cast<long long>(kSegFillPercent) * num_sms) {
+    while (split * 2 <= warps && split * 2 <= iters && (n + rows / split - 1) / (rows / split) < num_sms) {
       split *= 2;
     }
     return split;
