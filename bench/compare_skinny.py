@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -39,7 +39,7 @@ def compare(before: dict, after: dict, engine: str = "mma", noise: float = 0.05)
     for ratio, (_, m) in cells:
         by_m.setdefault(m, []).append(ratio)
     return {"engine": engine, "noise": noise,
-            "by_m": {m: {"geomean": math.exp(sum(map(math.log, rs)) / len(rs)), "cells": len(rs),
+            "by_m": {m: {"geomean": statistics.geometric_mean(rs), "cells": len(rs),
                          "faster": sum(r < 1 - noise for r in rs), "slower": sum(r > 1 + noise for r in rs)}
                      for m, rs in sorted(by_m.items())},
             "cells": [{"case": c, "m": m, "before_us": old[(c, m)], "after_us": new[(c, m)], "ratio": r}
@@ -52,8 +52,8 @@ def report(before: dict, after: dict, result: dict, names: tuple[str, str], top:
     if gpus[0] != gpus[1]:
         lines += [f"**Different cards**: before on {gpus[0]}, after on {gpus[1]}; differences include the card's.", ""]
     ratios = [c["ratio"] for c in result["cells"]]
-    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    lines += [f"{len(ratios)} cells, geometric mean {geomean:.3f}; noise band +-{100 * result['noise']:.0f}%.", "",
+    lines += [f"{len(ratios)} cells, geometric mean {statistics.geometric_mean(ratios):.3f}; "
+              f"noise band +-{100 * result['noise']:.0f}%.", "",
               "| M | cells | geomean | faster | slower |", "|---|---|---|---|---|"]
     lines += [f"| {m} | {s['cells']} | {s['geomean']:.3f} | {s['faster']} | {s['slower']} |"
               for m, s in result["by_m"].items()]

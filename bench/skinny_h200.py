@@ -60,6 +60,12 @@ HEADLINE = ((4096, 28672), (8192, 57344))
 COLD_BYTES = 600 << 20    # weight copies rotated per timing graph: well over the 60 MB L2
 REPLAYS = 10
 MAX_COPIES = 256
+# Issue 4's speed targets: at M = 1, TARGET_M1_PCT % of the floor on every cell whose floor is at
+# least TARGET_MIN_FLOOR_US (shorter kernels are dominated by launch and tail); and M = 16 within
+# TARGET_M16_RATIO of M = 1 on every case.
+TARGET_MIN_FLOOR_US = 7.0
+TARGET_M1_PCT = 90.0
+TARGET_M16_RATIO = 1.15
 
 
 def log(msg: str) -> None:
@@ -505,8 +511,9 @@ def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set
 
 def variant_summary(timing: list[dict]) -> dict:
     """Per kernel (mma), and for the default policy (each (case, M) from the kernel
-    skinny.default_variant picks): the worst M = 1 % of floor over cases whose floor is >= 7 us,
-    and the worst t(M = 16) / t(M = 1) over cases (the targets: >= 90% and <= 1.15)."""
+    skinny.default_variant picks): the worst M = 1 % of floor over cases whose floor is >=
+    TARGET_MIN_FLOOR_US, and the worst t(M = 16) / t(M = 1) over cases (against TARGET_M1_PCT and
+    TARGET_M16_RATIO)."""
     by = {}
     for r in timing:
         if "us" in r and r.get("engine") == "mma" and not r.get("repeat"):
@@ -515,7 +522,7 @@ def variant_summary(timing: list[dict]) -> dict:
                 by.setdefault(skinny.DEFAULT_VARIANT, {})[(r["case"], r["m"])] = r
     out = {}
     for v, cells in sorted(by.items(), key=lambda item: (item[0] < 0, item[0])):
-        m1 = [c["pct_floor"] for (case, m), c in cells.items() if m == 1 and c["floor_us"] >= 7]
+        m1 = [c["pct_floor"] for (case, m), c in cells.items() if m == 1 and c["floor_us"] >= TARGET_MIN_FLOOR_US]
         ratios = [cells[(case, 16)]["us"] / c["us"] for (case, m), c in cells.items() if m == 1 and (case, 16) in cells]
         pcts = [c["pct_floor"] for c in cells.values()]
         out[variant_label(v)] = {
@@ -716,14 +723,6 @@ def markdown(result: dict) -> str:
                          f"{r['mma_pct_floor']:.0f} | {r['simt_us']:.1f} | {r['simt_pct_floor']:.0f} | "
                          f"{r['dense_us']:.1f} | {r['mma_speedup_vs_dense']:.2f}x |")
     return "\n".join(lines) + "\n"
-
-
-# Issue 4's speed targets: at M = 1, TARGET_M1_PCT % of the floor on every cell whose floor is at
-# least TARGET_MIN_FLOOR_US (shorter kernels are dominated by launch and tail); and M = 16 within
-# TARGET_M16_RATIO of M = 1 on every case.
-TARGET_MIN_FLOOR_US = 7.0
-TARGET_M1_PCT = 90.0
-TARGET_M16_RATIO = 1.15
 
 
 def target_summary(timing: list[dict], engine: str = "mma") -> dict:

@@ -72,7 +72,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ms", default="1,4,16")
-    parser.add_argument("--shapes", default="", help="comma-separated model.layer names of any fixture shape (default: every 8B and 70B shape)")
+    parser.add_argument("--shapes", default="",
+                        help="comma-separated model.layer names of any fixture shape (default: every 8B and 70B shape)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="skip shapes started after this many seconds")
     parser.add_argument("--variant", choices=[v for v in skinny.VARIANTS if v != "seg_p"], default="stream")
     args = parser.parse_args()

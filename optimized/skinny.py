@@ -37,9 +37,9 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs", "stream", "seg_p")
 # variant=-1 (the default) picks per call in the kernel's host dispatch: seg_p at M = 1 (which
 # runs seg_xs where its grid would give a warp one row group, or fill under 3/4 of the SMs' warp
-# slots), seg_xs up to SEG_MAX_M, regs_s4 up to REGS_MAX_M, stream above (csrc/skinny_host.h default_variant and
-# seg_persist_blocks, from the comparisons in bench/results/h200/ and h100/). default_variant(m)
-# mirrors it for reports.
+# slots), seg_xs up to SEG_MAX_M, regs_s4 up to REGS_MAX_M, stream above (csrc/skinny_host.h
+# default_variant and seg_persist_blocks, from the comparisons in bench/results/h200/ and h100/).
+# default_variant(m) mirrors it for reports.
 DEFAULT_VARIANT = -1
 # The "stream" variant's M buckets (csrc/skinny_core.cuh stream_bucket_m): every M of a bucket runs
 # the same block tiles and K split, so row i of its output is bit-identical across them.
