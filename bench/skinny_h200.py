@@ -5,6 +5,7 @@
     compute-sanitizer --tool memcheck python bench/skinny_h200.py --sanitize
     python bench/skinny_h200.py --dry-run --out DIR   # CPU: the pure-Python parts, a stand-in kernel
     python bench/skinny_h200.py --variants --out DIR  # both kernels and the default: parity, timing (< 4 min)
+    python bench/skinny_h200.py --variants --shapes all --ms 5,8,9,16 --kernels base,regs_s4,stream --out DIR
     python bench/skinny_h200.py --variants --dry-run --out DIR
 
 Parity: oracle.shapes.unique_shapes() x M in {1..8, 16} x fp16/bf16 x sym/asym at G=128, and a
@@ -17,8 +18,8 @@ copy bandwidth. Calls overlap their predecessor with overlap "weights", as the h
 
 --variants compares the kernels of optimized.skinny.VARIANTS in one run (see run_variants): a
 quick parity check of each and of the default policy (6 weights, M in {1..5, 9, 16}, exact probes
-on one), then the same cold-weight graph timing on 5 large shapes at M in {1, 2, 4, 5, 8, 9, 16};
-prints a compact table last (with the kernel the default policy picks, skinny.default_variant)
+on one), then the same cold-weight graph timing on 5 large shapes at M in {1, 2, 4, 5, 8, 9, 16} (or the
+fixture shapes, M and kernels that --shapes, --ms and --kernels name); prints a compact table last (with the kernel the default policy picks, skinny.default_variant)
 and writes DIR/skinny_variants.json.
 """
 
@@ -399,7 +400,6 @@ VARIANT_COLD_BYTES = 1 << 30  # weight copies rotated per graph
 VARIANT_MIN_COPIES = 4
 VARIANT_REPLAYS = 15
 VARIANT_BUDGET_S = 215  # timing cells past this many seconds since start are skipped (recorded)
-NOISE_VARIANT = 0  # timed twice per (case, M)
 
 
 def variant_parity_cases() -> list[ParityCase]:
@@ -414,8 +414,35 @@ def variant_parity_cases() -> list[ParityCase]:
     ]
 
 
-def variant_timing_cases() -> list[TimingCase]:
-    return [TimingCase(k, n, dtype, sym) for k, n in VARIANT_SHAPES for dtype, sym in (("fp16", True), ("bf16", False))]
+def named_shapes(names: set[str], default_models: tuple[str, ...] = ("llama3.1-8b", "llama3.3-70b"),
+                 ) -> list[tuple[str, int, int]]:
+    """(model.layer, k, n) of the fixture shapes named, "all" for every one, or with none named
+    every shape of default_models; one entry per distinct (k, n), the first name that has it."""
+    every = names == {"all"}
+    chosen, seen = [], set()
+    for s in MODEL_SHAPES:
+        name = f"{s.model}.{s.layer}"
+        if (every or name in names or not names and s.model in default_models) and (s.k, s.n) not in seen:
+            seen.add((s.k, s.n))
+            chosen.append((name, s.k, s.n))
+    unknown = set() if every else names - {f"{s.model}.{s.layer}" for s in MODEL_SHAPES}
+    if unknown:
+        raise SystemExit(f"unknown shapes {sorted(unknown)}; expected 'all' or model.layer names of "
+                         "oracle.shapes.MODEL_SHAPES")
+    return chosen
+
+
+def variant_timing_cases(names: set[str] | None = None) -> list[TimingCase]:
+    """fp16 sym and bf16 asym of VARIANT_SHAPES, or of the fixture shapes named (named_shapes)."""
+    shapes = VARIANT_SHAPES if not names else [(k, n) for _, k, n in named_shapes(names)]
+    return [TimingCase(k, n, dtype, sym) for k, n in shapes for dtype, sym in (("fp16", True), ("bf16", False))]
+
+
+def runs_as(variant: int, m: int) -> int:
+    """The kernel the mma engine runs for `variant` at M = m where K % 128 == 0 (csrc/skinny_host.h
+    settle_variant): the segmented kernels exist up to SEG_MAX_M, regs_s4 runs above."""
+    return skinny.VARIANTS.index("regs_s4") if skinny.VARIANTS[variant].startswith("seg") and m > skinny.SEG_MAX_M \
+        else variant
 
 
 def variant_label(v: int) -> str:
@@ -446,11 +473,14 @@ def failed_variants(parity: list[dict]) -> set[tuple[int, str]]:
 
 
 def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set[tuple[int, str]],
-                       cases: list[TimingCase] | None = None, ms=VARIANT_M) -> list[dict]:
-    """Cold-weight graph timing of each kernel (mma; simt at M = 1) on the same weights and x,
-    kernels interleaved per (case, M), with the base kernel timed again last as a noise check.
-    A variant that failed parity on an engine is not timed on it (an illegal access would poison
-    the context for every later cell)."""
+                       cases: list[TimingCase] | None = None, ms=VARIANT_M,
+                       kernels: tuple[int, ...] | None = None) -> list[dict]:
+    """Cold-weight graph timing of each kernel of `kernels` (default: all; mma, and simt at M = 1)
+    on the same weights and x, kernels interleaved per (case, M), with the first of them timed
+    again last as a noise check. A kernel that another one runs at that M (runs_as) is not timed
+    again, nor one that failed parity on an engine (an illegal access would poison the context for
+    every later cell)."""
+    kernels = tuple(range(len(skinny.VARIANTS))) if kernels is None else kernels
     rows = []
     for i, case in enumerate(variant_timing_cases() if cases is None else cases):
         dtype = DTYPES[case.dtype]
@@ -471,12 +501,12 @@ def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set
         for mi, m in enumerate(ms):
             x = torch.randn(m, k, device=device).to(dtype)
             floor_s = floor_bytes(m, k, n, g, case.symmetric) / bandwidth
-            order = [(v, "mma") for v in range(len(skinny.VARIANTS))]
+            order = [(v, "mma") for v in kernels if runs_as(v, m) == v or runs_as(v, m) not in kernels]
             if m == 1:
-                order += [(v, "simt") for v in range(len(skinny.VARIANTS))]
+                order += [(v, "simt") for v in kernels]
             if mi % 2:
                 order.reverse()
-            order.append((NOISE_VARIANT, "mma"))  # again: the run-to-run spread
+            order.append((kernels[0], "mma"))  # again: the run-to-run spread
             for j, (v, engine) in enumerate(order):
                 row = {"case": case.id, "k": k, "n": n, "dtype": case.dtype, "symmetric": case.symmetric, "m": m,
                        "variant": v, "variant_name": skinny.VARIANTS[v], "engine": engine,
@@ -562,6 +592,7 @@ def variant_table(result: dict) -> str:
         if "variant" in r and not r.get("repeat"):
             cells[(r["case"], r["m"], r["variant"], r["engine"])] = r
     cases = list(dict.fromkeys(r["case"] for r in timing if "m" in r))
+    ms = sorted({r["m"] for r in timing if "m" in r})
 
     def cell(r: dict | None) -> str:
         if r is None:
@@ -576,7 +607,7 @@ def variant_table(result: dict) -> str:
     for case in cases:
         label = case.replace("-fp16-sym", " f16s").replace("-bf16-asym", " b16a").replace("-fp16-asym", " f16a") \
             .replace("-bf16-sym", " b16s")
-        for m in VARIANT_M:
+        for m in ms:
             rs = [cells.get((case, m, v, "mma")) for v in range(len(names))]
             if all(r is None for r in rs):
                 continue
@@ -584,7 +615,7 @@ def variant_table(result: dict) -> str:
             timed = [(r["us"], v) for v, r in enumerate(rs) if r is not None and "us" in r]
             best = f"v{min(timed)[1]}" if timed else "-"
             rep = [r for r in timing if r.get("case") == case and r.get("m") == m and r.get("repeat") and "us" in r]
-            first = cells.get((case, m, NOISE_VARIANT, "mma"))
+            first = cells.get((case, m, rep[0]["variant"], "mma")) if rep else None
             noise = f"{abs(rep[0]['us'] / first['us'] - 1) * 100:.1f}" if rep and first and "us" in first else "-"
             lines.append(f"{label:<20}{m:>3}{floor:7.1f} " + "".join(cell(r) for r in rs)
                          + f"  {best:>4} {'v' + str(skinny.default_variant(m)):>4} {noise:>5}")
@@ -605,7 +636,7 @@ def variant_table(result: dict) -> str:
                          f"{fmt(sm['geomean_pct_floor'], '5.1f')}")
         sp = summary["repeat_spread_pct"]
         if sp["median"] is not None:
-            lines.append(f"  v{NOISE_VARIANT} timed twice per (case, M): spread median {sp['median']:.1f}%, "
+            lines.append(f"  one kernel timed twice per (case, M): spread median {sp['median']:.1f}%, "
                          f"max {sp['max']:.1f}%")
     parity = result.get("parity", [])
     for v in [*range(len(names)), skinny.DEFAULT_VARIANT]:
@@ -629,13 +660,17 @@ def write_variants(result: dict, out: Path) -> None:
 
 def run_variants(args: argparse.Namespace) -> int:
     start = time.perf_counter()
+    timing_cases = variant_timing_cases(set(filter(None, args.shapes.split(","))))
+    ms = tuple(int(m) for m in args.ms.split(",")) if args.ms else VARIANT_M
+    kernels = tuple(skinny.VARIANTS.index(k) for k in args.kernels.split(",")) if args.kernels else None
+    kernels = kernels or tuple(range(len(skinny.VARIANTS)))
     if args.dry_run:
         # CPU: the case lists, the parity plumbing per variant (the oracle as a stand-in kernel on
         # small weights), and the report on made-up timings.
         cases = variant_parity_cases()
         log(f"[dry-run] {len(skinny.VARIANTS)} kernels and the default; parity {len(cases)} weights "
             f"({sum(len(c.ms) for c in cases)} mma cells + {len(cases)} simt cells each); timing "
-            f"{len(variant_timing_cases())} weights x M {VARIANT_M}")
+            f"{len(timing_cases)} weights x M {ms} x kernels {[skinny.VARIANTS[v] for v in kernels]}")
         small = [ParityCase(LinearShape("dry", "tiny", 256, 64), "fp16", False, 128, (1, 5), True),
                  ParityCase(LinearShape("dry", "tail", 96, 16), "bf16", True, 32, (1, 16), False)]
         result = {"environment": environment("cpu"), "dry_run": True, "variants": list(skinny.VARIANTS),
@@ -643,12 +678,12 @@ def run_variants(args: argparse.Namespace) -> int:
         result["parity"] = run_variant_parity(reference_stand_in, "cpu", small)
         fake = []
         gen = torch.Generator().manual_seed(0)
-        for case in variant_timing_cases():
-            for m in VARIANT_M:
+        for case in timing_cases:
+            for m in ms:
                 floor_us = floor_bytes(m, case.k, case.n, 128, case.symmetric) / 4.12e12 * 1e6
-                order = [(v, "mma") for v in range(len(skinny.VARIANTS))]
-                order += [(v, "simt") for v in range(len(skinny.VARIANTS))] if m == 1 else []
-                order.append((NOISE_VARIANT, "mma"))
+                order = [(v, "mma") for v in kernels if runs_as(v, m) == v or runs_as(v, m) not in kernels]
+                order += [(v, "simt") for v in kernels] if m == 1 else []
+                order.append((kernels[0], "mma"))
                 for j, (v, engine) in enumerate(order):
                     us = floor_us * (1.1 + float(torch.rand((), generator=gen)))
                     fake.append({"case": case.id, "k": case.k, "n": case.n, "dtype": case.dtype,
@@ -674,7 +709,8 @@ def run_variants(args: argparse.Namespace) -> int:
     result["parity"] = run_variant_parity(skinny.skinny_matmul, device)
     write_variants(result, args.out)  # keep parity even if timing dies
     skip = failed_variants(result["parity"])
-    result["timing"] = run_variant_timing(result["bandwidth"]["bytes_per_s"], device, deadline, skip)
+    result["timing"] = run_variant_timing(result["bandwidth"]["bytes_per_s"], device, deadline, skip, timing_cases,
+                                          ms, kernels)
     result["summary"] = variant_summary(result["timing"])
     result["seconds"] = time.perf_counter() - start
     write_variants(result, args.out)
@@ -783,6 +819,12 @@ def main() -> int:
     parser.add_argument("--variants", action="store_true", help="compare the kernels (parity, timing)")
     parser.add_argument("--budget-s", type=float, default=VARIANT_BUDGET_S,
                         help="--variants: skip timing cells past this many seconds from the start")
+    parser.add_argument("--shapes", default="",
+                        help="--variants: time these fixture shapes (model.layer names, or 'all') instead of "
+                             "VARIANT_SHAPES")
+    parser.add_argument("--ms", default="", help="--variants: comma-separated M to time (default VARIANT_M)")
+    parser.add_argument("--kernels", default="", help="--variants: comma-separated kernels of optimized.skinny."
+                                                      "VARIANTS to time (default: all)")
     parser.add_argument("--variant", choices=("default", *skinny.VARIANTS), default="default",
                         help="parity and timing of one kernel instead of the default policy (results in "
                              "skinny_h200_<variant>.{json,md})")

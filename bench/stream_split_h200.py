@@ -25,23 +25,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.cuda_timing import graph_seconds  # noqa: E402
-from bench.skinny_h200 import VARIANT_COLD_BYTES, VARIANT_MIN_COPIES, copy_bandwidth, floor_bytes, log, random_packs  # noqa: E402
+from bench.skinny_h200 import (  # noqa: E402
+    VARIANT_COLD_BYTES, VARIANT_MIN_COPIES, copy_bandwidth, floor_bytes, log, named_shapes, random_packs)
 from optimized import skinny  # noqa: E402
-from oracle.shapes import MODEL_SHAPES  # noqa: E402
 
 GROUP = 128
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the stream variant's; the others take skinny.REGISTER_SPLITS
 REPLAYS = 10
-
-
-def shapes(names: set[str]) -> list[tuple[str, int, int]]:
-    """The fixture shapes named (model.layer), or with none named every 8B and 70B Llama shape."""
-    chosen = [(f"{s.model}.{s.layer}", s.k, s.n) for s in MODEL_SHAPES
-              if (f"{s.model}.{s.layer}" in names if names else s.model in ("llama3.1-8b", "llama3.3-70b"))]
-    unknown = names - {name for name, _, _ in chosen}
-    if unknown:
-        raise SystemExit(f"unknown shapes {sorted(unknown)}; expected model.layer names of oracle.shapes.MODEL_SHAPES")
-    return chosen
 
 
 def time_cell(x: torch.Tensor, packs: list, variant: int, split: int) -> float | str:
@@ -73,7 +63,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ms", default="1,4,16")
     parser.add_argument("--shapes", default="",
-                        help="comma-separated model.layer names of any fixture shape (default: every 8B and 70B shape)")
+                        help="comma-separated model.layer names of fixture shapes, or 'all' (default: every 8B and 70B "
+                             "shape)")
     parser.add_argument("--budget-s", type=float, default=150.0, help="skip shapes started after this many seconds")
     parser.add_argument("--variant", choices=[v for v in skinny.VARIANTS if v != "seg_p"], default="stream")
     args = parser.parse_args()
@@ -85,7 +76,7 @@ def main() -> int:
     bandwidth = copy_bandwidth("cuda")["bytes_per_s"]
     result = {"gpu": torch.cuda.get_device_name(), "variant": args.variant, "bandwidth": bandwidth, "cells": [],
               "skipped": []}
-    for name, k, n in shapes(set(filter(None, args.shapes.split(",")))):
+    for name, k, n in named_shapes(set(filter(None, args.shapes.split(",")))):
         if time.perf_counter() - start > args.budget_s:
             result["skipped"].append(name)
             continue

@@ -56,6 +56,43 @@ def test_overlap_dry_run_reports_every_mode(tmp_path):
     assert {r["overlap"] for r in result["timing"]} == {"none", "weights"}
 
 
+def test_variant_sweep_dry_run_times_only_the_kernels_named(tmp_path):
+    """--variants over every fixture shape at chosen M and kernels: one timing cell per distinct
+    (k, n) x dtype case x M x kernel that runs as itself (seg_xs runs regs_s4 above M = 4, so it is
+    not timed again there), plus the repeat; the table lists each M."""
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "skinny_h200.py"), "--variants", "--dry-run",
+                          "--shapes", "all", "--ms", "4,9", "--kernels", "regs_s4,seg_xs,stream", "--out",
+                          str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    from bench.skinny_h200 import named_shapes
+    from oracle.shapes import MODEL_SHAPES
+
+    cases = 2 * len({(s.k, s.n) for s in MODEL_SHAPES})
+    timing = json.loads((tmp_path / "skinny_variants.json").read_text())["timing"]
+    timed = {(r["case"], r["m"], r["variant_name"]) for r in timing if not r["repeat"]}
+    assert len({case for case, _, _ in timed}) == cases == 2 * len(named_shapes({"all"}))
+    assert {(m, v) for _, m, v in timed} == {(4, "regs_s4"), (4, "seg_xs"), (4, "stream"), (9, "regs_s4"),
+                                             (9, "stream")}
+    assert len(timed) == cases * 5 and sum(r["repeat"] for r in timing) == cases * 2
+    assert "K4096xN28672 b16a     9" in run.stdout
+
+
+def test_named_shapes_and_runs_as():
+    from bench.skinny_h200 import named_shapes, runs_as
+    from optimized import skinny
+
+    assert named_shapes({"qwen3-4b.o"}) == [("qwen3-4b.o", 4096, 2560)]
+    # mistral-7b repeats llama3.1-8b's shapes: one entry per (k, n), under the first name.
+    assert ("llama3.1-8b.o", 4096, 4096) in named_shapes({"all"})
+    assert all(not name.startswith("mistral") for name, _, _ in named_shapes({"all"}))
+    assert {name.split(".")[0] for name, _, _ in named_shapes(set())} == {"llama3.1-8b", "llama3.3-70b"}
+    with pytest.raises(SystemExit, match="unknown shapes \\['nope.o'\\]"):
+        named_shapes({"nope.o"})
+    v = skinny.VARIANTS.index
+    assert [runs_as(v("seg_p"), m) for m in (4, 5)] == [v("seg_p"), v("regs_s4")]
+    assert runs_as(v("stream"), 16) == v("stream") and runs_as(v("base"), 5) == v("base")
+
+
 def timing_row(case: str, m: int, us: float, floor_us: float) -> dict:
     return {"case": case, "m": m, "mma_us": us, "floor_us": floor_us, "mma_pct_floor": 100 * floor_us / us}
 
