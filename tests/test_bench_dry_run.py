@@ -85,7 +85,7 @@ def test_named_shapes_and_runs_as():
     # mistral-7b repeats llama3.1-8b's shapes: one entry per (k, n), under the first name.
     assert ("llama3.1-8b.o", 4096, 4096) in named_shapes({"all"})
     assert all(not name.startswith("mistral") for name, _, _ in named_shapes({"all"}))
-    assert {name.split(".")[0] for name, _, _ in named_shapes(set())} == {"llama3.1-8b", "llama3.3-70b"}
+    assert {name.rsplit(".", 1)[0] for name, _, _ in named_shapes(set())} == {"llama3.1-8b", "llama3.3-70b"}
     with pytest.raises(SystemExit, match="unknown shapes \\['nope.o'\\]"):
         named_shapes({"nope.o"})
     v = skinny.VARIANTS.index
