@@ -133,3 +133,27 @@ def test_compare_skinny_reports_after_over_before(tmp_path):
 
     with pytest.raises(ValueError, match="share no timed mma cell"):
         compare(before, {"timing": [timing_row("other", 1, 1.0, 1.0)]})
+
+
+def test_fit_policy_finds_the_size_crossover(tmp_path):
+    """Two kernels whose times cross at 80 MiB of weights: the fitted threshold policy lands between
+    the sizes on either side and matches the fastest kernel in every cell, while each fixed kernel
+    loses somewhere."""
+    from bench.fit_policy import cell_times, fit, report
+
+    rows = []
+    for k, n in ((4096, 4096), (4096, 14336), (8192, 28672), (8192, 57344)):  # 8, 28, 112, 224 MiB
+        size_mib = k * n / 2 / 2**20
+        for m in (5, 9):
+            for name, us in (("regs_s4", 2 + size_mib / 10), ("stream", 6 + size_mib / 20)):
+                rows.append({"case": f"K{k}xN{n}-bf16-asym", "k": k, "n": n, "m": m, "engine": "mma",
+                             "repeat": False, "variant_name": name, "us": us})
+    rows.append(dict(rows[0], repeat=True, us=99.0))  # a noise repeat: ignored
+    cells = cell_times([{"timing": rows}])
+    assert len(cells) == 8 and cells[("K4096xN4096-bf16-asym", 5)]["us"]["regs_s4"] == 2 + 8 / 10
+    result = fit(cells, ("regs_s4", "stream"))
+    fitted = result["buckets"]["5..8"]["regs_s4 below 70.0 MiB, stream above"]
+    assert fitted["geomean"] == 1.0 and fitted["worst"] == 1.0 and 28 * 2**20 < fitted["threshold"] < 112 * 2**20
+    assert result["overall"]["regs_s4"]["worst"] > 1.0 and result["overall"]["stream"]["worst"] > 1.0
+    text = report(result, ["sweep.json"])
+    assert "## M 9..16" in text and "| regs_s4 below 70.0 MiB, stream above | 4 | 1.000 | 1.000 |" in text
