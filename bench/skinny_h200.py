@@ -18,9 +18,10 @@ copy bandwidth. Calls overlap their predecessor with overlap "weights", as the h
 
 --variants compares the kernels of optimized.skinny.VARIANTS in one run (see run_variants): a
 quick parity check of each and of the default policy (6 weights, M in {1..5, 9, 16}, exact probes
-on one), then the same cold-weight graph timing on 5 large shapes at M in {1, 2, 4, 5, 8, 9, 16} (or the
-fixture shapes, M and kernels that --shapes, --ms and --kernels name); prints a compact table last (with the kernel the default policy picks, skinny.default_variant)
-and writes DIR/skinny_variants.json.
+on one), then the same cold-weight graph timing on 5 large shapes at M in {1, 2, 4, 5, 8, 9, 16}
+(or the fixture shapes, M and kernels that --shapes, --ms and --kernels name); prints a compact
+table last (with the kernel the default policy picks, skinny.default_variant) and writes
+DIR/skinny_variants.json.
 """
 
 from __future__ import annotations
@@ -662,8 +663,11 @@ def run_variants(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     timing_cases = variant_timing_cases(set(filter(None, args.shapes.split(","))))
     ms = tuple(int(m) for m in args.ms.split(",")) if args.ms else VARIANT_M
-    kernels = tuple(skinny.VARIANTS.index(k) for k in args.kernels.split(",")) if args.kernels else None
-    kernels = kernels or tuple(range(len(skinny.VARIANTS)))
+    names = args.kernels.split(",") if args.kernels else skinny.VARIANTS
+    unknown = set(names) - set(skinny.VARIANTS)
+    if unknown:
+        raise SystemExit(f"--kernels: unknown {sorted(unknown)}; expected names of {skinny.VARIANTS}")
+    kernels = tuple(skinny.VARIANTS.index(k) for k in names)
     if args.dry_run:
         # CPU: the case lists, the parity plumbing per variant (the oracle as a stand-in kernel on
         # small weights), and the report on made-up timings.
