@@ -11,7 +11,9 @@ policy's time / fastest time, 1 is best). Policies:
   one below T bytes of weights (N K / 2), the other at T and above. Why a size: the kernels differ
   in fixed cost (the streaming kernel stages x and, split over K, runs a second kernel) and in
   steady-state bandwidth, so time = fixed + bytes / rate crosses over once. Every threshold between
-  two observed sizes is tried; the best (least geometric mean) is reported with its worst cell.
+  two observed sizes is tried; the best (least geometric mean) is reported with its worst cell;
+* the same with a second way in: the second kernel also wherever K >= a K threshold (the
+  streaming kernel splits long K over blocks, which the register-ring kernels cannot).
 
 Cells where a kernel was not timed (budget, failed parity) drop out of the policies that need them.
 Several sweeps (one card) are pooled; a (case, M) timed twice keeps the later file's times.
@@ -37,18 +39,19 @@ def cell_times(sweeps: list[dict]) -> dict[tuple[str, int], dict]:
         for r in sweep.get("timing", []):
             if "us" not in r or r.get("engine") != "mma" or r.get("repeat"):
                 continue
-            cell = cells.setdefault((r["case"], r["m"]), {"bytes": r["k"] * r["n"] // 2, "us": {}})
+            cell = cells.setdefault((r["case"], r["m"]), {"bytes": r["k"] * r["n"] // 2, "n": r["n"], "k": r["k"],
+                                                          "us": {}})
             cell["us"][r["variant_name"]] = r["us"]
     return cells
 
 
 def score(cells: dict[tuple[str, int], dict], pick, kernels: tuple[str, ...]) -> dict | None:
-    """Geometric mean and worst of pick(case, m, bytes)'s time over the fastest of `kernels`, over
+    """Geometric mean and worst of pick(m, cell)'s time over the fastest of `kernels`, over
     the cells where both are timed."""
     ratios = []
     for (case, m), cell in cells.items():
         timed = {k: cell["us"][k] for k in kernels if k in cell["us"]}
-        choice = pick(case, m, cell["bytes"])
+        choice = pick(m, cell)
         if choice in cell["us"] and timed:
             ratios.append((cell["us"][choice] / min(timed.values()), case, m))
     if not ratios:
@@ -66,14 +69,15 @@ def fit(cells: dict[tuple[str, int], dict], kernels: tuple[str, ...]) -> dict:
     """Every fixed policy over all cells, and per M bucket the fixed ones and the best size threshold
     for each ordered pair of kernels."""
     result = {"kernels": list(kernels), "overall": {}, "buckets": {}}
-    fixed = {"default": lambda case, m, size: skinny.VARIANTS[skinny.default_variant(m)]}
-    fixed |= {k: (lambda case, m, size, k=k: k) for k in kernels}
+    fixed = {"default": lambda m, cell: skinny.VARIANTS[skinny.default_variant(m, cell["n"], cell["k"])]}
+    fixed |= {k: (lambda m, cell, k=k: k) for k in kernels}
     for name, pick in fixed.items():
         result["overall"][name] = score(cells, pick, kernels)
     for bucket in sorted({bucket_of(m) for _, m in cells}):
         sub = {key: c for key, c in cells.items() if bucket_of(key[1]) == bucket}
         rows = {name: score(sub, pick, kernels) for name, pick in fixed.items()}
         sizes = sorted({c["bytes"] for c in sub.values()})
+        ks = sorted({c["k"] for c in sub.values()})
         for small in kernels:
             for large in kernels:
                 if small == large:
@@ -81,11 +85,22 @@ def fit(cells: dict[tuple[str, int], dict], kernels: tuple[str, ...]) -> dict:
                 best = None
                 for lo, hi in zip(sizes, sizes[1:]):
                     threshold = (lo + hi) // 2
-                    s = score(sub, lambda case, m, size, t=threshold: small if size < t else large, kernels)
+                    s = score(sub, lambda m, cell, t=threshold: small if cell["bytes"] < t else large, kernels)
                     if s and (best is None or s["geomean"] < best[1]["geomean"]):
                         best = (threshold, s)
                 if best:
                     rows[f"{small} below {best[0] / 2**20:.1f} MiB, {large} above"] = best[1] | {"threshold": best[0]}
+                best = None
+                for k_lo, k_hi in zip(ks, ks[1:]):
+                    for lo, hi in zip(sizes, sizes[1:]):
+                        k_min, size_min = (k_lo + k_hi) // 2, (lo + hi) // 2
+                        s = score(sub, lambda m, cell, kt=k_min, st=size_min:
+                                  large if cell["k"] >= kt or cell["bytes"] >= st else small, kernels)
+                        if s and (best is None or s["geomean"] < best[2]["geomean"]):
+                            best = (k_min, size_min, s)
+                if best:
+                    rows[f"{large} from K {best[0]} or {best[1] / 2**20:.1f} MiB, {small} below"] = \
+                        best[2] | {"threshold": best[1], "k_threshold": best[0]}
         result["buckets"][f"{bucket[0]}..{bucket[1]}"] = rows
     return result
 

@@ -549,7 +549,7 @@ def variant_summary(timing: list[dict]) -> dict:
     for r in timing:
         if "us" in r and r.get("engine") == "mma" and not r.get("repeat"):
             by.setdefault(r["variant"], {})[(r["case"], r["m"])] = r
-            if r["variant"] == skinny.default_variant(r["m"]):
+            if r["variant"] == skinny.default_variant(r["m"], r["n"], r["k"]):
                 by.setdefault(skinny.DEFAULT_VARIANT, {})[(r["case"], r["m"])] = r
     out = {}
     for v, cells in sorted(by.items(), key=lambda item: (item[0] < 0, item[0])):
@@ -580,10 +580,7 @@ def variant_table(result: dict) -> str:
     keeps it)."""
     names = skinny.VARIANTS
     lines = ["", "== variants: " + "  ".join(f"v{v}={name}" for v, name in enumerate(names))
-             + f"; default (dflt): v{skinny.default_variant(1)} at M = 1, "
-             f"v{skinny.default_variant(2)} to M = {skinny.SEG_MAX_M}, "
-             f"v{skinny.default_variant(skinny.SEG_MAX_M + 1)} to M = {skinny.REGS_MAX_M}, "
-             f"v{skinny.default_variant(skinny.MAX_M)} above"]
+             + "; default (dflt): skinny.default_variant"]
     if "bandwidth" in result:
         lines.append(f"copy bandwidth {result['bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s; build "
                      f"{result.get('build_seconds', 0):.0f}s; total {result.get('seconds', 0):.0f}s")
@@ -594,6 +591,7 @@ def variant_table(result: dict) -> str:
             cells[(r["case"], r["m"], r["variant"], r["engine"])] = r
     cases = list(dict.fromkeys(r["case"] for r in timing if "m" in r))
     ms = sorted({r["m"] for r in timing if "m" in r})
+    shape = {r["case"]: (r["n"], r["k"]) for r in timing if "n" in r}
 
     def cell(r: dict | None) -> str:
         if r is None:
@@ -619,7 +617,7 @@ def variant_table(result: dict) -> str:
             first = cells.get((case, m, rep[0]["variant"], "mma")) if rep else None
             noise = f"{abs(rep[0]['us'] / first['us'] - 1) * 100:.1f}" if rep and first and "us" in first else "-"
             lines.append(f"{label:<20}{m:>3}{floor:7.1f} " + "".join(cell(r) for r in rs)
-                         + f"  {best:>4} {'v' + str(skinny.default_variant(m)):>4} {noise:>5}")
+                         + f"  {best:>4} {'v' + str(skinny.default_variant(m, *shape[case])):>4} {noise:>5}")
     simt = range(len(names))
     lines.append("simt, M = 1: us/% of floor for " + " ".join(f"v{v}" for v in simt))
     for case in cases:

@@ -37,14 +37,22 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs", "stream", "seg_p")
 # variant=-1 (the default) picks per call in the kernel's host dispatch: seg_p at M = 1 (which
 # runs seg_xs where its grid would give a warp one row group, or fill under 3/4 of the SMs' warp
-# slots), seg_xs up to SEG_MAX_M, regs_s4 up to REGS_MAX_M, stream above (csrc/skinny_host.h
-# default_variant and seg_persist_blocks, from the comparisons in bench/results/h200/ and h100/).
-# default_variant(m) mirrors it for reports.
+# slots), seg_xs up to SEG_MAX_M, above it stream from K = STREAM_MIN_K or from STREAM_MIN_BYTES_MID
+# (M <= REGS_MAX_M) or STREAM_MIN_BYTES_HIGH bytes of weights, regs_s4 or base on other shapes
+# (csrc/skinny_host.h default_variant and seg_persist_blocks, from the comparisons in
+# bench/results/h200/ and h100/).
+# default_variant(m, n, k) mirrors it for reports.
 DEFAULT_VARIANT = -1
 # The "stream" variant's M buckets (csrc/skinny_core.cuh stream_bucket_m): every M of a bucket runs
 # the same block tiles and K split, so row i of its output is bit-identical across them.
 STREAM_BUCKETS = ((1, 2), (3, 4), (5, 8), (9, 16))
 REGS_MAX_M = 8
+# Where the default runs stream rather than regs_s4 at M = 5..REGS_MAX_M and rather than base above:
+# from K = STREAM_MIN_K, or from these weight bytes (N K / 2) (csrc/skinny_host.h kStreamMinK,
+# kStreamMinBytesMid, kStreamMinBytesHigh).
+STREAM_MIN_K = 6144
+STREAM_MIN_BYTES_MID = 28 << 20
+STREAM_MIN_BYTES_HIGH = 20 << 20
 # The forced splits the register-ring kernels (base, regs_s4, seg_r4, seg_xs) take: warps of a
 # block sharing each row (csrc/skinny_binding.cpp).
 REGISTER_SPLITS = (1, 2, 4, 8)
@@ -58,16 +66,19 @@ SEG_XS_MAX_BYTES = 96 * 1024
 OVERLAPS = ("none", "weights")
 
 
-def default_variant(m: int) -> int:
-    """The index into VARIANTS that variant=-1 asks for at M = m. On the mma engine seg_p runs
-    where its plan has a grid (seg_xs elsewhere), seg_xs where x fits in SEG_XS_MAX_BYTES at split
-    1 (seg_r4 elsewhere), and stream where K % 128 == 0; elsewhere regs_s4 runs where this names
-    seg_p or seg_xs, base where it names stream."""
+def default_variant(m: int, n: int, k: int) -> int:
+    """The index into VARIANTS that variant=-1 asks for at M = m on weights [n, k]. On the mma
+    engine seg_p runs where its plan has a grid (seg_xs elsewhere), seg_xs where x fits in
+    SEG_XS_MAX_BYTES at split 1 (seg_r4 elsewhere), and stream where K % 128 == 0; elsewhere
+    regs_s4 runs where this names seg_p or seg_xs, regs_s4 or base where it names stream."""
     if m == 1:
         return VARIANTS.index("seg_p")
     if m <= SEG_MAX_M:
         return VARIANTS.index("seg_xs")
-    return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("stream")
+    threshold = STREAM_MIN_BYTES_MID if m <= REGS_MAX_M else STREAM_MIN_BYTES_HIGH
+    if k >= STREAM_MIN_K or n * k // 2 >= threshold:
+        return VARIANTS.index("stream")
+    return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("base")
 
 
 def same_rows_ranges(engine: str = "mma") -> list[tuple[int, int]]:
@@ -75,10 +86,12 @@ def same_rows_ranges(engine: str = "mma") -> list[tuple[int, int]]:
     output bit-identical: the M that run one kernel with one split and one mma tile. The segmented
     kernel's tile, K segments and split follow M rounded up to 1, 2 or 4, so on the mma engine
     M = 1, 2 and 3..4 are ranges of their own (the H200 reliability run measured rows of M = 1 and
-    M = 4 differing from M = 8 before these ranges were split). Above REGS_MAX_M the streaming
-    kernel plans its tile and split for the whole bucket 9..16 (STREAM_BUCKETS)."""
+    M = 4 differing from M = 8 before these ranges were split). Above SEG_MAX_M the kernel depends
+    on the shape only, and every choice keeps rows across 5..REGS_MAX_M and above: regs_s4 and base
+    run one mma tile and an M-free split for each, the streaming kernel plans its tile and split
+    for the whole bucket (STREAM_BUCKETS)."""
     def config(m: int) -> tuple[int, bool]:
-        seg = engine == "mma" and VARIANTS[default_variant(m)].startswith("seg")
+        seg = engine == "mma" and m <= SEG_MAX_M
         return (1 if m <= 1 else 2 if m <= 2 else 4) if seg else 0, m <= REGS_MAX_M
     ranges: list[tuple[int, int]] = []
     for m in range(1, MAX_M + 1):

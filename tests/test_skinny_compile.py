@@ -145,7 +145,7 @@ int main() {
       w4::SkinnyParams p{};
       p.m = m; p.n = shape[1]; p.k = shape[0]; p.group_size = 128;
       p.zeros = reinterpret_cast<const uint32_t*>(16);  // asymmetric: any non-null pointer
-      p.variant = w4::settle_variant(w4::resolve_variant(w4::kAutoVariant, m), m, true, p.k);
+      p.variant = w4::settle_variant(w4::resolve_variant(w4::kAutoVariant, m, p.n, p.k), m, true, p.k);
       const w4::DeviceLimits limits{132, 32, 227 * 1024, 228 * 1024};
       w4::plan_persist(p, limits.num_sms);
       p.split = w4::plan_split(p, limits);
@@ -171,12 +171,14 @@ def test_binding_plan_builds_with_the_host_compiler(tmp_path):
     """skinny_host.h, all of the kernels the binding (a .cpp unit) includes, builds with the host
     compiler alone (no CUDA or HIP header on the path, warnings as errors), and its plan makes
     sense: the default variant per M (at M = 1 seg_p where its grid gives a warp 2 or more row
-    groups: N = 57344, on 132 SMs; at N = 4096 and 4608, 1 a warp, seg_xs), the segmented kernels'
+    groups: N = 57344, on 132 SMs; at N = 4096 and 4608, 1 a warp, seg_xs; above M = 4 stream at
+    K 8192 and 14336, regs_s4 and then base on K 3584 x N 4608), the segmented kernels''
     split the smallest whose grid has a block for each of the 132 SMs (split 1 at N = 4608 and
     M = 1: 144 blocks), a split
     that fits shared memory, a workspace exactly when the stream kernel splits K, and for the
-    stream kernel at M 9..16 (more blocks than SMs) a ring (4 slots, or 2 at M >= 10 of K 8192 x
-    N 57344, whose x would leave one block an SM) with which two blocks share an SM; then a grid of
+    stream kernel at M 5..16 (more blocks than SMs) a ring with which two blocks share an SM (4
+    slots, but 2 at M 5..8 and 10..16 of N 57344, where 4 slots and x would leave one block an SM);
+    then a grid of
     no more blocks than SMs (K 4096 x N 28672 at M = 16, split 1) keeps 4 slots, one block an SM."""
     gxx = find_compiler("g++")
     source = tmp_path / "plan.cpp"
@@ -191,7 +193,8 @@ def test_binding_plan_builds_with_the_host_compiler(tmp_path):
     for i, line in enumerate(lines):
         n, m = (4096, 4608, 57344)[i // skinny.MAX_M], i % skinny.MAX_M + 1
         variant, split, blocks, shared, stages, resident, workspace = (int(v) for v in line.split())
-        expected = seg_xs if n < 57344 and m == 1 else skinny.default_variant(m)
+        k = {4096: 14336, 4608: 3584, 57344: 8192}[n]
+        expected = seg_xs if n < 57344 and m == 1 else skinny.default_variant(m, n, k)
         assert variant == expected, (n, m, line)
         if variant == seg_xs:  # 8 warps of 4 row sets of M_PAD rows a block at split 1
             def grid(s: int) -> int:
@@ -202,7 +205,7 @@ def test_binding_plan_builds_with_the_host_compiler(tmp_path):
         assert split >= 1 and shared <= 227 * 1024, (n, m, line)
         assert workspace == (split * m * n if variant == stream and split > 1 else 0), (n, m, line)
         if variant == stream:
-            assert resident == 2 and stages == (2 if n == 57344 and m >= 10 else 4), (n, m, line)
+            assert resident == 2 and stages == (2 if n == 57344 and m != 9 else 4), (n, m, line)
         else:
             assert stages == 0, (n, m, line)
 
@@ -341,14 +344,15 @@ EMULATED = [
     ("regs_s4", "mma", 264, 4032, 64, torch.bfloat16, False, 16, {}, "regs_s4"),
     # The default policy, each side of SEG_MAX_M and REGS_MAX_M, with and without zero points,
     # with plan_split's split at 132 SMs (seg_p has no grid there: seg_xs runs), and on one SM.
+    # Weights this small run regs_s4 to REGS_MAX_M and base above it (STREAM_MIN_BYTES_MID and
+    # _HIGH; the host plan test checks where the fixture shapes run stream).
     ("default", "mma", 264, 2048, 128, torch.bfloat16, False, 1, dict(num_sms=1), "seg_p"),
     ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.SEG_MAX_M, {}, "seg_xs"),
     ("default", "mma", 264, 2048, 128, torch.float16, True, skinny.SEG_MAX_M, {}, "seg_xs"),
     ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.SEG_MAX_M + 1, {}, "regs_s4"),
     ("default", "mma", 264, 2048, 128, torch.float16, False, skinny.REGS_MAX_M, {}, "regs_s4"),
-    ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "stream"),
-    ("default", "mma", 264, 4096, 64, torch.float16, True, skinny.MAX_M, {}, "stream"),
-    # Where stream cannot run (K % 128 != 0) the default above REGS_MAX_M is base, as is forced stream.
+    ("default", "mma", 264, 2048, 128, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "base"),
+    ("default", "mma", 264, 4096, 64, torch.float16, True, skinny.MAX_M, {}, "base"),
     ("default", "mma", 264, 2016, 32, torch.bfloat16, False, skinny.REGS_MAX_M + 1, {}, "base"),
     ("stream", "mma", 264, 4032, 64, torch.float16, False, skinny.MAX_M, {}, "base"),
     ("default", "simt", 264, 2048, 128, torch.float16, True, 1, {}, "regs_s4"),
@@ -462,13 +466,29 @@ def test_python_limits_match_the_kernel():
     assert bucket and skinny.STREAM_BUCKETS == ((1, 2), (3, 4), (5, 8), (9, skinny.MAX_M))
     xs_kib = int(re.search(r"kSegXsMaxBytes = (\d+) \* 1024;", core).group(1))
     assert xs_kib * 1024 == skinny.SEG_XS_MAX_BYTES
-    assert re.search(r"return m == 1 \? kVariantSegPersist : m <= kSegMaxM \? kVariantSegXs : m <= kRegsMaxM \? "
-                     r"kVariantRegs : kVariantStream;", core), \
+    body = re.search(r"constexpr int default_variant\(int m, int n, int k\) \{(.*?)\n\}", core, re.S).group(1)
+    assert " ".join(body.split()) == (
+        "if (m == 1) return kVariantSegPersist; if (m <= kSegMaxM) return kVariantSegXs; "
+        "const int64_t stream_from = m <= kRegsMaxM ? kStreamMinBytesMid : kStreamMinBytesHigh; "
+        "if (k >= kStreamMinK || static_cast<int64_t>(n) * k / 2 >= stream_from) return kVariantStream; "
+        "return m <= kRegsMaxM ? kVariantRegs : kVariantBase;"), \
         "default_variant in skinny_host.h changed: update skinny.default_variant"
+    for name in ("Mid", "High"):
+        mib = int(re.search(rf"kStreamMinBytes{name} = (\d+)ll << 20;", core).group(1))
+        assert mib << 20 == getattr(skinny, f"STREAM_MIN_BYTES_{name.upper()}")
+    assert int(re.search(r"kStreamMinK = (\d+);", core).group(1)) == skinny.STREAM_MIN_K
     v = skinny.VARIANTS.index
-    assert [skinny.default_variant(m) for m in range(1, skinny.MAX_M + 1)] == \
-        [v("seg_p")] + [v("seg_xs")] * (skinny.SEG_MAX_M - 1) + \
-        [v("regs_s4")] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + [v("stream")] * (skinny.MAX_M - skinny.REGS_MAX_M)
+    # 8, 24, 16 (K 8192), 56 and 224 MiB of weights
+    for n, k in ((4096, 4096), (19456, 2560), (4096, 8192), (28672, 4096), (57344, 8192)):
+        long_k = k >= skinny.STREAM_MIN_K
+        mid = v("stream") if long_k or n * k // 2 >= skinny.STREAM_MIN_BYTES_MID else v("regs_s4")
+        high = v("stream") if long_k or n * k // 2 >= skinny.STREAM_MIN_BYTES_HIGH else v("base")
+        assert [skinny.default_variant(m, n, k) for m in range(1, skinny.MAX_M + 1)] == \
+            [v("seg_p")] + [v("seg_xs")] * (skinny.SEG_MAX_M - 1) + [mid] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + \
+            [high] * (skinny.MAX_M - skinny.REGS_MAX_M)
+    assert [skinny.default_variant(m, 4096, 4096) for m in (5, 16)] == [v("regs_s4"), v("base")]
+    assert [skinny.default_variant(m, 19456, 2560) for m in (5, 16)] == [v("regs_s4"), v("stream")]
+    assert [skinny.default_variant(m, 2048, 16384) for m in (5, 16)] == [v("stream"), v("stream")]
 
 
 def torch_check_messages(source: str) -> list[list[str]]:

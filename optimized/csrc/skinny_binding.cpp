@@ -141,7 +141,7 @@ at::Tensor skinny_matmul_cuda(const at::Tensor& x, const at::Tensor& qweight, co
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
   p.group_size = static_cast<int>(group_size);
-  p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(variant), p.m), p.m,
+  p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(variant), p.m, p.n, p.k), p.m,
                                  kind == w4::Engine::kMma, p.k);
   w4::plan_persist(p, prop->multiProcessorCount);
   const w4::DeviceLimits limits{prop->multiProcessorCount, prop->warpSize,

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   p.k = static_cast<int>(k);
   p.group_size = static_cast<int>(g);
   const w4::Engine engine = h[9] ? w4::Engine::kMma : w4::Engine::kSimt;
-  p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(h[8]), p.m), p.m,
+  p.variant = w4::settle_variant(w4::resolve_variant(static_cast<int>(h[8]), p.m, p.n, p.k), p.m,
                                  engine == w4::Engine::kMma, p.k);
   w4::plan_persist(p, static_cast<int>(h[10]));
   // The H100/H200 limits of shared memory a block (opt-in) and an SM.

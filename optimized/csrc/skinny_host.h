@@ -56,7 +56,7 @@ enum Variant : int {
   kVariantSegPersist = 5
 };
 constexpr int kNumVariants = 6;
-constexpr int kAutoVariant = -1;  // default_variant(m), per call
+constexpr int kAutoVariant = -1;  // default_variant(m, n, k), per call
 
 // How a call overlaps the kernel before it on the stream; optimized/skinny.py OVERLAPS lists the
 // names in the same order:
@@ -76,8 +76,8 @@ constexpr int kNumOverlaps = 2;
 
 // The default: seg_p (seg_xs on a persistent grid where that has 2 or more row groups a warp,
 // seg_xs elsewhere, see seg_persist_blocks; seg_xs is seg_r4 at split 1, see seg_x_shared_bytes) at
-// M = 1, seg_xs up to M = kSegMaxM, regs_s4 up to M = kRegsMaxM, stream above (base where stream
-// cannot run, see settle_variant). seg_p against seg_xs under its split plan, on one H100
+// M = 1, seg_xs up to M = kSegMaxM, above it by the shape regs_s4 (to kRegsMaxM) or base, or
+// stream (see kStreamMinK below; where stream cannot run, regs_s4 or base, see settle_variant). seg_p against seg_xs under its split plan, on one H100
 // (bench/results/h100/seg_xs_split_s28_a.md, the default and plan columns, bf16 asym): at M = 1
 // 0.86-0.96x seg_xs's time on the 6 gate_up shapes where seg_p has a grid (1.02x on a seventh);
 // at M = 2..4 never more than 1.2% faster and up to 1.08x slower (K8192 x N57344 at M = 2: 97.2
@@ -85,7 +85,7 @@ constexpr int kNumOverlaps = 2;
 // against base at M = 9 and 16 on an H100 (session 22; 5 decode shapes x fp16 sym / bf16 asym,
 // bench/results/h100/skinny_variants_s22.txt): 1.04-1.65x faster at M = 16 in all 10 cells,
 // 1.16-1.39x at M = 9 in 8 of 10 and 4% slower on K14336 x N4096; at M = 5..8 it was slower than
-// regs_s4 in 9 of 20 cells (0.83x at worst), so regs_s4 keeps them. Before it, on the H200 (mma engine,
+// regs_s4 in 9 of 20 cells (0.83x at worst), so regs_s4 kept them then. Before it, on the H200 (mma engine,
 // 5 decode shapes x fp16 sym / bf16 asym at M in {1, 2, 4, 5, 8, 9, 16};
 // bench/results/h200/skinny_variants_log.txt, v0/v1 = base under its
 // old and its present split policy, v2 = regs_s4), regs_s4 was the fastest of the three in 42 of
@@ -97,13 +97,33 @@ constexpr int kNumOverlaps = 2;
 // 1% of regs_s4 in all 15 fp16 symmetric cells at M 1, 2, 4 (skinny_variants_s16.txt).
 constexpr int kRegsMaxM = 8;
 
-W4_HD constexpr int default_variant(int m) {
-  return m == 1 ? kVariantSegPersist : m <= kSegMaxM ? kVariantSegXs : m <= kRegsMaxM ? kVariantRegs : kVariantStream;
+// Above kSegMaxM the kernel follows the shape. The streaming kernel has fixed costs the
+// register-ring kernels lack (x staged in every block, and over a K split a second kernel and fp32
+// partial sums), but it streams at a steadier rate and splits a long K over blocks, which gives a
+// few rows of long K the blocks the other kernels cannot; so it runs from a K or a size of the
+// weights (N K / 2) on. Every fixture shape x fp16 sym / bf16 asym at M 5, 8, 9, 12, 16 on the
+// H200, each cell against the fastest of regs_s4, stream and base
+// (bench/results/h200/skinny_variants_s29.txt, fit_policy_s29.md): at M = 5..8, stream from
+// K 6144 or 28 MiB and regs_s4 elsewhere took 1.032x the fastest's time (geometric mean; 1.31x at
+// worst; the size alone: 1.049x; regs_s4 everywhere, the rule before: 1.089x, 1.53x at worst); at
+// M 9..16, stream from K 6144 or 20 MiB and base elsewhere 1.020x (1.31x; the size alone 1.027x;
+// stream everywhere, the rule before: 1.141x, 2.23x at worst). Against the rule before, cell by
+// cell: 0.915x its time (geometric mean over the 250 cells), 0.48x at best, 1.21x at worst.
+constexpr int kStreamMinK = 6144;
+constexpr int64_t kStreamMinBytesMid = 28ll << 20;   // M = kSegMaxM + 1 .. kRegsMaxM
+constexpr int64_t kStreamMinBytesHigh = 20ll << 20;  // above kRegsMaxM
+
+W4_HD constexpr int default_variant(int m, int n, int k) {
+  if (m == 1) return kVariantSegPersist;
+  if (m <= kSegMaxM) return kVariantSegXs;
+  const int64_t stream_from = m <= kRegsMaxM ? kStreamMinBytesMid : kStreamMinBytesHigh;
+  if (k >= kStreamMinK || static_cast<int64_t>(n) * k / 2 >= stream_from) return kVariantStream;
+  return m <= kRegsMaxM ? kVariantRegs : kVariantBase;
 }
 
-// The variant asked for: `variant` itself, or for kAutoVariant the default at m rows.
-W4_HD constexpr int resolve_variant(int variant, int m) {
-  return variant == kAutoVariant ? default_variant(m) : variant;
+// The variant asked for: `variant` itself, or for kAutoVariant the default for the call's shape.
+W4_HD constexpr int resolve_variant(int variant, int m, int n, int k) {
+  return variant == kAutoVariant ? default_variant(m, n, k) : variant;
 }
 
 W4_HD constexpr bool is_seg(int variant) {
