@@ -157,3 +157,20 @@ def test_fit_policy_finds_the_size_crossover(tmp_path):
     assert result["overall"]["regs_s4"]["worst"] > 1.0 and result["overall"]["stream"]["worst"] > 1.0
     text = report(result, ["sweep.json"])
     assert "## M 9..16" in text and "| regs_s4 below 70.0 MiB, stream above | 4 | 1.000 | 1.000 |" in text
+
+
+def test_fit_policy_finds_a_long_k_rule():
+    """A small shape of long K where stream wins breaks every size threshold; the K-or-size rule
+    (stream from a K or a size) matches the fastest kernel everywhere."""
+    from bench.fit_policy import cell_times, fit
+
+    rows = []
+    for k, n, stream_wins in ((4096, 4096, False), (16384, 1024, True), (4096, 28672, True)):
+        for name, us in (("regs_s4", 10.0), ("stream", 8.0 if stream_wins else 12.0)):
+            rows.append({"case": f"K{k}xN{n}-bf16-asym", "k": k, "n": n, "m": 9, "engine": "mma", "repeat": False,
+                         "variant_name": name, "us": us})
+    result = fit(cell_times([{"timing": rows}]), ("regs_s4", "stream"))["buckets"]["9..16"]
+    sizes = [s for name, s in result.items() if "threshold" in s and "k_threshold" not in s]
+    assert sizes and min(s["geomean"] for s in sizes) > 1.0
+    (k_rule,) = [s for name, s in result.items() if name.startswith("stream from K 10240 or")]
+    assert k_rule["geomean"] == 1.0 and k_rule["k_threshold"] == 10240
