@@ -77,7 +77,8 @@ constexpr int kNumOverlaps = 2;
 // The default: seg_p (seg_xs on a persistent grid where that has 2 or more row groups a warp,
 // seg_xs elsewhere, see seg_persist_blocks; seg_xs is seg_r4 at split 1, see seg_x_shared_bytes) at
 // M = 1, seg_xs up to M = kSegMaxM, above it by the shape regs_s4 (to kRegsMaxM) or base, or
-// stream (see kStreamMinK below; where stream cannot run, regs_s4 or base, see settle_variant). seg_p against seg_xs under its split plan, on one H100
+// stream (see kStreamMinK below; where stream cannot run, regs_s4 or base, see settle_variant).
+// seg_p against seg_xs under its split plan, on one H100
 // (bench/results/h100/seg_xs_split_s28_a.md, the default and plan columns, bf16 asym): at M = 1
 // 0.86-0.96x seg_xs's time on the 6 gate_up shapes where seg_p has a grid (1.02x on a seventh);
 // at M = 2..4 never more than 1.2% faster and up to 1.08x slower (K8192 x N57344 at M = 2: 97.2
@@ -85,8 +86,8 @@ constexpr int kNumOverlaps = 2;
 // against base at M = 9 and 16 on an H100 (session 22; 5 decode shapes x fp16 sym / bf16 asym,
 // bench/results/h100/skinny_variants_s22.txt): 1.04-1.65x faster at M = 16 in all 10 cells,
 // 1.16-1.39x at M = 9 in 8 of 10 and 4% slower on K14336 x N4096; at M = 5..8 it was slower than
-// regs_s4 in 9 of 20 cells (0.83x at worst), so regs_s4 kept them then. Before it, on the H200 (mma engine,
-// 5 decode shapes x fp16 sym / bf16 asym at M in {1, 2, 4, 5, 8, 9, 16};
+// regs_s4 in 9 of 20 cells (0.83x at worst), so regs_s4 kept them then. Before it, on the H200
+// (mma engine, 5 decode shapes x fp16 sym / bf16 asym at M in {1, 2, 4, 5, 8, 9, 16};
 // bench/results/h200/skinny_variants_log.txt, v0/v1 = base under its
 // old and its present split policy, v2 = regs_s4), regs_s4 was the fastest of the three in 42 of
 // 50 cells at M <= 8, base in 13 of 20 at M = 9 and 16. Against seg_r4 at M = 1..4 on every
