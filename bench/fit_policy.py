@@ -65,9 +65,25 @@ def bucket_of(m: int) -> tuple[int, int]:
     return next(b for b in skinny.STREAM_BUCKETS if b[0] <= m <= b[1])
 
 
+def best_rule(cells: dict[tuple[str, int], dict], kernels: tuple[str, ...], small: str, large: str,
+              k_mins: list[int | None]) -> dict | None:
+    """The best rule "large from K k_min or from a size, small elsewhere" over k_mins (None: by the
+    size alone) and every size between two observed ones: its score, threshold and k_threshold."""
+    sizes = sorted({c["bytes"] for c in cells.values()})
+    best = None
+    for k_min in k_mins:
+        for lo, hi in zip(sizes, sizes[1:]):
+            size_min = (lo + hi) // 2
+            s = score(cells, lambda m, cell, kt=k_min, st=size_min:
+                      large if kt is not None and cell["k"] >= kt or cell["bytes"] >= st else small, kernels)
+            if s and (best is None or s["geomean"] < best["geomean"]):
+                best = s | {"threshold": size_min, "k_threshold": k_min}
+    return best
+
+
 def fit(cells: dict[tuple[str, int], dict], kernels: tuple[str, ...]) -> dict:
-    """Every fixed policy over all cells, and per M bucket the fixed ones and the best size threshold
-    for each ordered pair of kernels."""
+    """Every fixed policy over all cells, and per M bucket the fixed ones and, for each ordered pair
+    of kernels, the best size threshold and the best K-or-size rule."""
     result = {"kernels": list(kernels), "overall": {}, "buckets": {}}
     fixed = {"default": lambda m, cell: skinny.VARIANTS[skinny.default_variant(m, cell["n"], cell["k"])]}
     fixed |= {k: (lambda m, cell, k=k: k) for k in kernels}
@@ -76,31 +92,18 @@ def fit(cells: dict[tuple[str, int], dict], kernels: tuple[str, ...]) -> dict:
     for bucket in sorted({bucket_of(m) for _, m in cells}):
         sub = {key: c for key, c in cells.items() if bucket_of(key[1]) == bucket}
         rows = {name: score(sub, pick, kernels) for name, pick in fixed.items()}
-        sizes = sorted({c["bytes"] for c in sub.values()})
         ks = sorted({c["k"] for c in sub.values()})
         for small in kernels:
             for large in kernels:
                 if small == large:
                     continue
-                best = None
-                for lo, hi in zip(sizes, sizes[1:]):
-                    threshold = (lo + hi) // 2
-                    s = score(sub, lambda m, cell, t=threshold: small if cell["bytes"] < t else large, kernels)
-                    if s and (best is None or s["geomean"] < best[1]["geomean"]):
-                        best = (threshold, s)
-                if best:
-                    rows[f"{small} below {best[0] / 2**20:.1f} MiB, {large} above"] = best[1] | {"threshold": best[0]}
-                best = None
-                for k_lo, k_hi in zip(ks, ks[1:]):
-                    for lo, hi in zip(sizes, sizes[1:]):
-                        k_min, size_min = (k_lo + k_hi) // 2, (lo + hi) // 2
-                        s = score(sub, lambda m, cell, kt=k_min, st=size_min:
-                                  large if cell["k"] >= kt or cell["bytes"] >= st else small, kernels)
-                        if s and (best is None or s["geomean"] < best[2]["geomean"]):
-                            best = (k_min, size_min, s)
-                if best:
-                    rows[f"{large} from K {best[0]} or {best[1] / 2**20:.1f} MiB, {small} below"] = \
-                        best[2] | {"threshold": best[1], "k_threshold": best[0]}
+                by_size = best_rule(sub, kernels, small, large, [None])
+                if by_size:
+                    rows[f"{small} below {by_size['threshold'] / 2**20:.1f} MiB, {large} above"] = by_size
+                by_k = best_rule(sub, kernels, small, large, [(lo + hi) // 2 for lo, hi in zip(ks, ks[1:])])
+                if by_k:
+                    rows[f"{large} from K {by_k['k_threshold']} or {by_k['threshold'] / 2**20:.1f} MiB, "
+                         f"{small} below"] = by_k
         result["buckets"][f"{bucket[0]}..{bucket[1]}"] = rows
     return result
 

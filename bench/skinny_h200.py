@@ -439,11 +439,17 @@ def variant_timing_cases(names: set[str] | None = None) -> list[TimingCase]:
     return [TimingCase(k, n, dtype, sym) for k, n in shapes for dtype, sym in (("fp16", True), ("bf16", False))]
 
 
-def runs_as(variant: int, m: int) -> int:
-    """The kernel the mma engine runs for `variant` at M = m where K % 128 == 0 (csrc/skinny_host.h
-    settle_variant): the segmented kernels exist up to SEG_MAX_M, regs_s4 runs above."""
-    return skinny.VARIANTS.index("regs_s4") if skinny.VARIANTS[variant].startswith("seg") and m > skinny.SEG_MAX_M \
-        else variant
+def timing_order(kernels: tuple[int, ...], m: int) -> list[tuple[int, str]]:
+    """(variant, engine) of each kernel of `kernels` timed at M = m: on the mma engine each that
+    runs as itself or as a kernel not in `kernels` (skinny.settled_variant), and at M = 1 each on
+    the simt engine too."""
+    names = {skinny.VARIANTS[v] for v in kernels}
+    order = []
+    for v in kernels:
+        runs = skinny.settled_variant(skinny.VARIANTS[v], m)
+        if runs == skinny.VARIANTS[v] or runs not in names:
+            order.append((v, "mma"))
+    return order + ([(v, "simt") for v in kernels] if m == 1 else [])
 
 
 def variant_label(v: int) -> str:
@@ -478,7 +484,7 @@ def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set
                        kernels: tuple[int, ...] | None = None) -> list[dict]:
     """Cold-weight graph timing of each kernel of `kernels` (default: all; mma, and simt at M = 1)
     on the same weights and x, kernels interleaved per (case, M), with the first of them timed
-    again last as a noise check. A kernel that another one runs at that M (runs_as) is not timed
+    again last as a noise check. A kernel that another one runs at that M (timing_order) is not timed
     again, nor one that failed parity on an engine (an illegal access would poison the context for
     every later cell)."""
     kernels = tuple(range(len(skinny.VARIANTS))) if kernels is None else kernels
@@ -502,9 +508,7 @@ def run_variant_timing(bandwidth: float, device: str, deadline: float, skip: set
         for mi, m in enumerate(ms):
             x = torch.randn(m, k, device=device).to(dtype)
             floor_s = floor_bytes(m, k, n, g, case.symmetric) / bandwidth
-            order = [(v, "mma") for v in kernels if runs_as(v, m) == v or runs_as(v, m) not in kernels]
-            if m == 1:
-                order += [(v, "simt") for v in kernels]
+            order = timing_order(kernels, m)
             if mi % 2:
                 order.reverse()
             order.append((kernels[0], "mma"))  # again: the run-to-run spread
@@ -683,8 +687,7 @@ def run_variants(args: argparse.Namespace) -> int:
         for case in timing_cases:
             for m in ms:
                 floor_us = floor_bytes(m, case.k, case.n, 128, case.symmetric) / 4.12e12 * 1e6
-                order = [(v, "mma") for v in kernels if runs_as(v, m) == v or runs_as(v, m) not in kernels]
-                order += [(v, "simt") for v in kernels] if m == 1 else []
+                order = timing_order(kernels, m)
                 order.append((kernels[0], "mma"))
                 for j, (v, engine) in enumerate(order):
                     us = floor_us * (1.1 + float(torch.rand((), generator=gen)))

@@ -81,6 +81,18 @@ def default_variant(m: int, n: int, k: int) -> int:
     return VARIANTS.index("regs_s4") if m <= REGS_MAX_M else VARIANTS.index("base")
 
 
+def settled_variant(name: str, m: int, engine: str = "mma") -> str:
+    """The kernel that runs for variant `name` at M = m on `engine` where K % 128 == 0 and x fits
+    in shared memory (csrc/skinny_host.h settle_variant): the segmented kernels exist for the mma
+    engine up to SEG_MAX_M and the streaming kernel for the mma engine; regs_s4 runs in their place,
+    base instead of stream above REGS_MAX_M."""
+    if name.startswith("seg") and (engine != "mma" or m > SEG_MAX_M):
+        return "regs_s4"
+    if name == "stream" and engine != "mma":
+        return "regs_s4" if m <= REGS_MAX_M else "base"
+    return name
+
+
 def same_rows_ranges(engine: str = "mma") -> list[tuple[int, int]]:
     """(first M, last M) of each range of M over which the default policy keeps row i of the
     output bit-identical: the M that run one kernel with one split and one mma tile. The segmented

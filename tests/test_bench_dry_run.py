@@ -77,8 +77,8 @@ def test_variant_sweep_dry_run_times_only_the_kernels_named(tmp_path):
     assert "K4096xN28672 b16a     9" in run.stdout
 
 
-def test_named_shapes_and_runs_as():
-    from bench.skinny_h200 import named_shapes, runs_as
+def test_named_shapes_and_timing_order():
+    from bench.skinny_h200 import named_shapes, timing_order
     from optimized import skinny
 
     assert named_shapes({"qwen3-4b.o"}) == [("qwen3-4b.o", 4096, 2560)]
@@ -89,8 +89,14 @@ def test_named_shapes_and_runs_as():
     with pytest.raises(SystemExit, match="unknown shapes \\['nope.o'\\]"):
         named_shapes({"nope.o"})
     v = skinny.VARIANTS.index
-    assert [runs_as(v("seg_p"), m) for m in (4, 5)] == [v("seg_p"), v("regs_s4")]
-    assert runs_as(v("stream"), 16) == v("stream") and runs_as(v("base"), 5) == v("base")
+    assert [skinny.settled_variant("seg_p", m) for m in (4, 5)] == ["seg_p", "regs_s4"]
+    assert skinny.settled_variant("stream", 16) == "stream" and skinny.settled_variant("base", 5) == "base"
+    assert [skinny.settled_variant("stream", m, "simt") for m in (8, 9)] == ["regs_s4", "base"]
+    # seg_p runs regs_s4 at M = 5: timed only where regs_s4 is not.
+    assert timing_order((v("regs_s4"), v("seg_p")), 5) == [(v("regs_s4"), "mma")]
+    assert timing_order((v("seg_p"),), 5) == [(v("seg_p"), "mma")]
+    assert timing_order((v("stream"), v("seg_p")), 1) == [(v("stream"), "mma"), (v("seg_p"), "mma"),
+                                                           (v("stream"), "simt"), (v("seg_p"), "simt")]
 
 
 def timing_row(case: str, m: int, us: float, floor_us: float) -> dict:
@@ -170,7 +176,7 @@ def test_fit_policy_finds_a_long_k_rule():
             rows.append({"case": f"K{k}xN{n}-bf16-asym", "k": k, "n": n, "m": 9, "engine": "mma", "repeat": False,
                          "variant_name": name, "us": us})
     result = fit(cell_times([{"timing": rows}]), ("regs_s4", "stream"))["buckets"]["9..16"]
-    sizes = [s for name, s in result.items() if "threshold" in s and "k_threshold" not in s]
+    sizes = [s for name, s in result.items() if "threshold" in s and s["k_threshold"] is None]
     assert sizes and min(s["geomean"] for s in sizes) > 1.0
     (k_rule,) = [s for name, s in result.items() if name.startswith("stream from K 10240 or")]
     assert k_rule["geomean"] == 1.0 and k_rule["k_threshold"] == 10240

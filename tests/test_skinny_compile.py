@@ -271,14 +271,6 @@ def _v(name: str) -> int:
     return -1 if name == "default" else skinny.VARIANTS.index(name)
 
 
-def _settled(name: str, m: int, engine: str) -> str:
-    """The kernel that runs for `name` (the segmented kernels exist for the mma engine at M <= 4,
-    the streaming kernel for the mma engine)."""
-    if name.startswith("seg") and (engine != "mma" or m > 4) or name == "stream" and engine != "mma":
-        return "regs_s4"
-    return name
-
-
 # (variant or "default", engine, n, k, g, dtype, symmetric, m, emulate_call options, the variant
 # expected to run). At split 4 each warp runs 16 iterations of K = 8192 and the register ring
 # wraps; split 8 puts 8 warps on each row. 264 rows leave seg_p's grid too few warps of 132 SMs':
@@ -286,9 +278,9 @@ def _settled(name: str, m: int, engine: str) -> str:
 EMULATED = [
     *[(name, "mma", 264, 8192, 128, torch.float16, False, 1, dict(split=4), "seg_xs" if name == "seg_p" else name)
       for name in skinny.VARIANTS],
-    *[(name, "mma", 264, 8192, 128, torch.bfloat16, True, 16, dict(split=8), _settled(name, 16, "mma"))
+    *[(name, "mma", 264, 8192, 128, torch.bfloat16, True, 16, dict(split=8), skinny.settled_variant(name, 16, "mma"))
       for name in skinny.VARIANTS],
-    *[(name, "simt", 264, 8192, 128, torch.bfloat16, False, 1, dict(split=2), _settled(name, 1, "simt"))
+    *[(name, "simt", 264, 8192, 128, torch.bfloat16, False, 1, dict(split=2), skinny.settled_variant(name, 1, "simt"))
       for name in skinny.VARIANTS],
     ("regs_s4", "mma", 264, 8192, 128, torch.float16, False, 9, dict(split=1), "regs_s4"),
     ("regs_s4", "mma", 264, 2048, 64, torch.bfloat16, False, 16, dict(num_sms=4), "regs_s4"),
