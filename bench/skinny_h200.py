@@ -356,11 +356,12 @@ def run_timing(cases: list[TimingCase], bandwidth: float, device: str, ms=tuple(
 def run_sanitize(device: str) -> int:
     """Each boundary once per kernel variant, engine, dtype, symmetry and M in {1, 3, 7, 16}, for
     compute-sanitizer: N=8, K=G, a K that ends mid-iteration (K % 128 != 0), K=49152, N not a
-    multiple of the row tile, strided x, an N of 132 SMs' seg_p grid (2 to 7 row groups a warp
-    at M <= 4; the last group of 16 rows half past N) with K under one iteration, and a stream plan
-    with a 2-slot ring (K 4096 at M 7 and 16; its last block 8 rows into N)."""
+    multiple of the row tile, strided x, N 50696 with K under one iteration (seg_p's row groups
+    of one iteration, the last group of 16 rows half past N), N 10248 at K 4096 (seg_p's warps
+    cutting row groups, the last half past N at M 3), and a stream plan with a 2-slot ring (K 4096
+    at M 7 and 16; its last block 8 rows into N)."""
     shapes = [(8, 4096, 128), (4096, 128, 128), (24, 96, 32), (1024, 49152, 128), (200, 320, 64), (50696, 256, 128),
-              (28680, 4096, 128)]
+              (10248, 4096, 128), (28680, 4096, 128)]
     errors = 0
     gen = torch.Generator().manual_seed(3)
     for n, k, g in shapes:

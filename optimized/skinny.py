@@ -30,14 +30,15 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # are staged in shared memory once a block, and blocks split K (a second kernel adds their fp32
 # partial sums in a fixed order) where that fills the GPU better (mma engine at K % 128 == 0,
 # every M; other calls run regs_s4 up to REGS_MAX_M, base above); "seg_p": seg_xs's kernel on a
-# persistent grid (at most 2 blocks an SM), each warp running 2 or more whole row groups back to
-# back with its loads running on from one into the next (mma engine at M <= SEG_MAX_M, where x fits
-# in SEG_XS_MAX_BYTES and that grid fills 3/4 of the SMs' warp slots; seg_xs runs where the grid
-# does not, seg_r4 where x does not fit, regs_s4 on other calls).
+# persistent grid (2 blocks an SM), each block's row groups split evenly over its warps' iterations,
+# which run back to back with the loads running on from one row group into the next; a row group
+# that warp boundaries cut is added from its warps' partial sums at the end of the block (mma
+# engine at M <= SEG_MAX_M, where x fits in SEG_XS_MAX_BYTES and the grid gives every SM a block
+# with 2 or more iterations a warp; seg_xs runs where it does not, seg_r4 where x does not fit,
+# regs_s4 on other calls).
 VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs", "stream", "seg_p")
 # variant=-1 (the default) picks per call in the kernel's host dispatch: seg_p at M = 1 (which
-# runs seg_xs where its grid would give a warp one row group, or fill under 3/4 of the SMs' warp
-# slots), seg_xs up to SEG_MAX_M, above it stream from K = STREAM_MIN_K or from STREAM_MIN_BYTES_MID
+# runs seg_xs where its grid would leave an SM without a block), seg_xs up to SEG_MAX_M, above it stream from K = STREAM_MIN_K or from STREAM_MIN_BYTES_MID
 # (M <= REGS_MAX_M) or STREAM_MIN_BYTES_HIGH bytes of weights, regs_s4 or base on other shapes
 # (csrc/skinny_host.h default_variant and seg_persist_blocks, from the comparisons in
 # bench/results/h200/ and h100/).

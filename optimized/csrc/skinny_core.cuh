@@ -499,6 +499,36 @@ __device__ __forceinline__ void store_outputs(const SkinnyParams& p, const float
   }
 }
 
+// seg_p's units that warp boundaries cut in a block whose I = iters iterations (of units
+// [unit0, ...), per_unit each) its WARPS warps split as [w I / WARPS, (w + 1) I / WARPS): each
+// row's sum of the partial slices of the warps that ran part of its unit, in warp order (slot 0 of
+// a warp for its first unit, 1 for its last; slot [ROWS][8], entry SEG m + s for x row m and
+// segment s), plus bias, rounded once. Called by the whole block after a barrier. A unit is
+// handled for the first boundary inside it.
+template <typename T, int SEG, int ROWS, int WARPS>
+__device__ __forceinline__ void store_cut_units(const SkinnyParams& p, const float* red, int unit0, int iters,
+                                                int per_unit) {
+  T* __restrict__ y = static_cast<T*>(p.y);
+  const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
+  for (int idx = threadIdx.x; idx < (WARPS - 1) * ROWS * p.m; idx += kBlockThreads) {
+    const int w = 1 + idx / (ROWS * p.m), m = idx / ROWS % p.m, r = idx % ROWS;
+    const int cut = w * iters / WARPS, u = cut / per_unit;
+    if (cut % per_unit == 0 || (w - 1) * iters / WARPS > u * per_unit) continue;
+    const int n = (unit0 + u) * ROWS + r;
+    if (n >= p.n) continue;
+    float v = 0.f;
+    for (int w2 = 0; w2 < WARPS; ++w2) {
+      const int lo = w2 * iters / WARPS, hi = (w2 + 1) * iters / WARPS;
+      if (lo == hi || hi <= u * per_unit || lo >= (u + 1) * per_unit) continue;
+      const float* slot = red + (2 * w2 + (lo / per_unit == u ? 0 : 1)) * ROWS * 8 + r * 8 + SEG * m;
+#pragma unroll
+      for (int s = 0; s < SEG; ++s) v += slot[s];
+    }
+    if (bias != nullptr) v += bits_to_float<T>(load_bias(bias + n));
+    y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
+  }
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -729,12 +759,17 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_pipe_kernel(c
 // seg_x_shared_bytes), piece j of chunk c of row r at xs[(4 r + j) kc + c]: the lanes' loads of
 // one j are then consecutive 16-byte pieces, 4 wavefronts per 512 bytes, no bank conflicts.
 //
-// PERSIST (seg_p; split 1, XS): the grid is plan_seg_persist's blocks, and warp gw of W owns row
-// groups (kWarpRows rows each) [gw U / W, (gw + 1) U / W) of all U. Its iterations run unit by
-// unit through the same ring, so the loads of the next unit's first iterations are in flight
-// while the warp finishes a unit; at a unit's last iteration the warp adds its C entries through
-// its own slice of `red` and stores them (store_outputs over the warp), with no block barrier. A
-// unit's sums are formed as seg_xs forms them at split 1: each row's bits equal seg_xs's.
+// PERSIST (seg_p; split 1, XS): the grid is seg_persist_blocks' B blocks. Block b owns row groups
+// (units, kWarpRows rows and all of K each) [b U / B, (b + 1) U / B) of all U, and its warps split
+// the I iterations of those units evenly: warp w runs [w I / W, (w + 1) I / W) in unit order, so
+// no warp has more than one iteration above the block's mean (whole units a warp left up to one
+// unit's iterations of imbalance, which on mid-size shapes was a partial wave's worth). The
+// iterations run through one ring, so the loads of the next unit's first iterations are in flight
+// while the warp finishes a unit. A unit the warp runs whole is stored as seg_xs stores it at
+// split 1 (the C entries through the warp's slice of `red`, store_outputs over the warp, no block
+// barrier): its rows' bits equal seg_xs's. A unit that warp boundaries cut (at most W - 1 a block)
+// leaves each of its warps a partial slice (slot 0 of the warp's two for its first unit, 1 for its
+// last); after a block barrier the block adds them in warp order and stores the unit.
 template <typename T, int M_PAD, int G, bool SYM, bool XS, bool PERSIST>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(const SkinnyParams p) {
   constexpr int R = kSegRowSets, SEG = 8 / M_PAD, S = 3;
@@ -746,7 +781,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   static_assert(G % kLaneK == 0, "a lane's 32-k chunk lies in one group");
   constexpr bool kScaleAfter = detail::scale_after_mma(G);  // an iteration is one step group
   // Partial sums [split][block rows][8]: entry j = SEG m + s of a row is x row m at segment s.
-  __shared__ float red[kWarps * kWarpRows * 8];
+  // PERSIST: two slots of [kWarpRows][8] a warp.
+  __shared__ float red[kWarps * kWarpRows * 8 * (PERSIST ? 2 : 1)];
   W4_DYNAMIC_SHARED(uint4, xs);
 
   const uint4* __restrict__ qw = reinterpret_cast<const uint4*>(p.qweight);
@@ -761,16 +797,28 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   const int groups = p.k / G;
   const int iters = (kc + kIterChunks - 1) / kIterChunks;
   const int per_unit = w_k < iters ? (iters - 1 - w_k) / split + 1 : 0;  // the same for the whole warp
-  // The warp's row groups (units of kWarpRows rows): one, or under PERSIST (split 1) its share
-  // [unit0, unit0 + units) of all of them (plan_seg_persist).
-  int unit0 = blockIdx.x * (kWarps / split) + w_n, units = 1;
+  // The warp's row group (unit of kWarpRows rows), all its iterations; under PERSIST (split 1,
+  // per_unit = iters) `count` iterations from iteration ie0 of unit unit0 on, unit by unit: the
+  // warp's share [warp I / W, (warp + 1) I / W) of its block's I iterations, which are those of
+  // units [block_unit0, block_unit1).
+  // The block's (block_unit0, I) are kept in shared memory for the end, rather than in registers
+  // through the main loop.
+  static_assert(!PERSIST || XS, "seg_p stages x");
+  __shared__ int block_plan[2];
+  int unit0 = blockIdx.x * (kWarps / split) + w_n, ie0 = 0, count = per_unit;
   if constexpr (PERSIST) {
-    const int64_t all = (p.n + kWarpRows - 1) / kWarpRows, warps = static_cast<int64_t>(gridDim.x) * kWarps;
-    const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-    unit0 = static_cast<int>(gw * all / warps);
-    units = static_cast<int>((gw + 1) * all / warps) - unit0;
+    const int64_t all_units = (p.n + kWarpRows - 1) / kWarpRows;
+    const int block_unit0 = static_cast<int>(blockIdx.x * all_units / gridDim.x);
+    const int block_iters = (static_cast<int>((blockIdx.x + 1) * all_units / gridDim.x) - block_unit0) * per_unit;
+    if (threadIdx.x == 0) {
+      block_plan[0] = block_unit0;
+      block_plan[1] = block_iters;
+    }
+    const int first = warp * block_iters / kWarps;
+    unit0 = block_unit0 + first / per_unit;
+    ie0 = first % per_unit;
+    count = (warp + 1) * block_iters / kWarps - first;
   }
-  const int count = units * per_unit;  // iterations, unit by unit
 
   // Element offsets fit in an int (the host checks n * k / 32). A zero-point word's block is that
   // of its first set's row; a row past n in it is never stored, so its nibble does not matter.
@@ -796,7 +844,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
   unit_offsets(unit0, woff, zoff);
   // Under PERSIST the issue side runs up to S - 1 iterations ahead of the compute side: its unit
   // (iunit) and iteration in it (ie) are its own, and woff, zoff are its unit's.
-  int iunit = unit0, ie = 0;
+  int iunit = unit0, ie = ie0;
   // x row pr in 16-byte units at the lane's first chunk; a row past m reads row 0 and feeds only
   // discarded columns.
   const uint4* xlane = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + (pr < p.m ? pr : 0) * p.stride_xm) +
@@ -838,8 +886,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
 
   // C entry c of tile i: A row q (c < 2) or q + 8, column j = 2 t + c % 2. Each kept entry has
   // exactly one lane, and every entry of every row of the slice is written.
-  float* slice = red + (w_k * block_rows + w_n * kWarpRows) * 8;
-  auto keep = [&]() {
+  auto keep = [&](float* slice) {
 #pragma unroll
     for (int i = 0; i < R / 2; ++i)
 #pragma unroll
@@ -861,7 +908,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
     }
     __syncthreads();
   }
-  int unit = unit0, ce = 0;  // the compute side's unit and iteration in it (PERSIST)
+  int unit = unit0, ce = ie0;  // the compute side's unit and iteration in it (PERSIST)
   // Set a's zero-point nibble in the compute side's unit: row r has nibble r % 8 of its word.
   int zshift[R];
   auto unit_shifts = [&]() {
@@ -916,11 +963,17 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
           for (int c = 0; c < 4; ++c) acc[i][c] += bits_to_float<T>(sr[u][2 * i + c / 2]) * part[i][c];
       }
       if constexpr (PERSIST) {
-        if (++ce == per_unit) {  // the unit's last iteration: its outputs, from the warp alone
-          keep();
-          __syncwarp();
-          detail::store_outputs<T, 8, SEG, 32>(p, slice, unit * kWarpRows, kWarpRows, 1);
-          __syncwarp();
+        if (++ce == per_unit) {  // the unit's last iteration
+          // Only the warp's first unit can have begun in another warp, and it ends at f =
+          // per_unit - ie0 - 1: so the warp ran the unit whole where f + 1 >= per_unit.
+          const bool whole = f + 1 >= per_unit;
+          float* slot = red + (2 * warp + (whole ? 1 : 0)) * kWarpRows * 8;
+          keep(slot);
+          if (whole) {  // its outputs, from the warp alone
+            __syncwarp();
+            detail::store_outputs<T, 8, SEG, 32>(p, slot, unit * kWarpRows, kWarpRows, 1);
+            __syncwarp();
+          }
 #pragma unroll
           for (int i = 0; i < R / 2; ++i)
 #pragma unroll
@@ -932,8 +985,16 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) skinny_seg_kernel(co
       }
     }
   }
-  if constexpr (!PERSIST) {
-    keep();
+  if constexpr (PERSIST) {
+    const int block_unit0 = block_plan[0], block_iters = block_plan[1];  // written before x's barrier
+    if (count > 0 && ce > 0) {  // a unit cut at its end: the warp's first (slot 0) or a later one
+      const int first = warp * block_iters / kWarps;
+      keep(red + (2 * warp + (count < per_unit - first % per_unit ? 0 : 1)) * kWarpRows * 8);
+    }
+    __syncthreads();
+    detail::store_cut_units<T, SEG, kWarpRows, kWarps>(p, red, block_unit0, block_iters, per_unit);
+  } else {
+    keep(red + (w_k * block_rows + w_n * kWarpRows) * 8);
     __syncthreads();
     detail::store_outputs<T, 8, SEG>(p, red, blockIdx.x * block_rows, block_rows, split);
   }

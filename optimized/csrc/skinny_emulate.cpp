@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   const size_t y_bytes = static_cast<size_t>(m * n * 2);
   if (out == nullptr || std::fwrite(y, 1, y_bytes, out) != y_bytes) return 2;
   std::fclose(out);
-  std::fprintf(stderr, "variant %d split %d stages %d\n", p.variant, p.split, p.stages);
+  std::fprintf(stderr, "variant %d split %d stages %d blocks %d\n", p.variant, p.split, p.stages, p.blocks);
   std::free(x);
   std::free(q);
   std::free(s_buf);

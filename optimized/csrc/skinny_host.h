@@ -74,13 +74,15 @@ constexpr int kAutoVariant = -1;  // default_variant(m, n, k), per call
 enum Overlap : int { kOverlapNone = 0, kOverlapWeights = 1 };
 constexpr int kNumOverlaps = 2;
 
-// The default: seg_p (seg_xs on a persistent grid where that has 2 or more row groups a warp,
-// seg_xs elsewhere, see seg_persist_blocks; seg_xs is seg_r4 at split 1, see seg_x_shared_bytes) at
+// The default: seg_p (seg_xs's kernel on a persistent grid with each block's iterations split
+// evenly over its warps, where that grid has a block an SM; seg_xs elsewhere, see
+// seg_persist_blocks; seg_xs is seg_r4 at split 1, see seg_x_shared_bytes) at
 // M = 1, seg_xs up to M = kSegMaxM, above it by the shape regs_s4 (to kRegsMaxM) or base, or
 // stream (see kStreamMinK below; where stream cannot run, regs_s4 or base, see settle_variant).
 // seg_p against seg_xs under its split plan, on one H100
 // (bench/results/h100/seg_xs_split_s28_a.md, the default and plan columns, bf16 asym): at M = 1
-// 0.86-0.96x seg_xs's time on the 6 gate_up shapes where seg_p has a grid (1.02x on a seventh);
+// 0.86-0.96x seg_xs's time on the 6 gate_up shapes where seg_p (then whole row groups a warp) had a
+// grid (1.02x on a seventh);
 // at M = 2..4 never more than 1.2% faster and up to 1.08x slower (K8192 x N57344 at M = 2: 97.2
 // against 90.1 us), so M = 2..4 run seg_xs. Stream
 // against base at M = 9 and 16 on an H100 (session 22; 5 decode shapes x fp16 sym / bf16 asym,
@@ -159,30 +161,28 @@ W4_HD constexpr int settle_variant(int variant, int m, bool mma, int k) {
                                                                               : variant;
 }
 
-// seg_p's grid: blocks of the segmented kernel's warps, each owning whole row groups
-// (kSegRowSets x M_PAD rows, all of K) back to back, so that its loads run on from one row group
-// into the next with no block launch, wave or tail between them. A warp's time is about its row
-// groups' count, so the grid is the fewest warps that give no warp more than the least possible
-// maximum (at most kMinBlocks blocks an SM). Where that maximum is one row group a warp, the
-// kernel is seg_xs at split 1 on a grid of its own; and since a warp's bytes in flight are fixed
-// (its ring), a grid of few warps is slow. A first plan on an H100 (4 row sets a warp, or 2 with a
-// deeper ring for twice the row groups, wherever the grid filled 75% of the SMs' warp slots;
-// bench/results/h100/skinny_s26_trial_seg_p.md against skinny_s26_trial_default.md, 27 shapes x
-// M 1..4) took 0.82-0.985x seg_xs's time in all 36 cells with 4 row sets and 2 or more row groups
-// a warp on 77-97% of the slots; 0.82-1.08x with one a warp; 0.88-1.22x with 2 row sets. So
-// seg_p plans 4 row sets, 2 or more row groups a warp, on at least kSegPersistFill % of the warp
-// slots, and seg_xs runs elsewhere (0 blocks): then 0.82-0.995x seg_xs's time in those 36 cells,
-// geometric mean 0.92 (skinny_s26.md against skinny_s26_seg_xs.md).
-constexpr int kSegPersistFill = 75;
-inline int seg_persist_blocks(int n, int m, int num_sms) {
+// seg_p's grid: every SM's kMinBlocks blocks, each running its share of the row groups
+// (kSegRowSets x M_PAD rows, all of K) with the iterations split evenly over its warps (see
+// skinny_seg_kernel), so that loads run on from one row group into the next with no block launch,
+// wave or tail between them, and no warp runs more than one iteration above its block's mean.
+// Fewer blocks where that would leave a warp under kSegPersistMinIters iterations (a ring that
+// never fills), and none (seg_xs runs) where that leaves an SM without a block.
+// The plan before (whole row groups a warp, used where that gave 2 or more a warp on 75% of the
+// warp slots) took 0.82-0.995x seg_xs's time in the 36 cells it covered on one H100 (27 shapes x
+// M 1..4; bench/results/h100/skinny_s26.md against skinny_s26_seg_xs.md), but it left mid-size
+// shapes to seg_xs's partial waves: K8192 x N10240 at M = 1 ran 1.21 waves, 55% of the floor on
+// the H200 (ncu_s29_k8192_n10240.txt).
+constexpr int kSegPersistMinIters = 2;
+inline int seg_persist_blocks(int n, int m, int k, int num_sms) {
   const int warps_per_block = kBlockThreads / 32;
   const int64_t rows = static_cast<int64_t>(kSegRowSets) * seg_m_pad(m);
   const int64_t units = (n + rows - 1) / rows;
-  const int64_t max_warps = static_cast<int64_t>(num_sms) * kMinBlocks * warps_per_block;
-  const int64_t per_warp = (units + max_warps - 1) / max_warps;
-  const int64_t warps = (units + per_warp - 1) / per_warp;
-  if (per_warp < 2 || 100 * warps < kSegPersistFill * max_warps) return 0;
-  return static_cast<int>((warps + warps_per_block - 1) / warps_per_block);
+  const int64_t iter_k = static_cast<int64_t>(8 / seg_m_pad(m)) * kIterK;
+  const int64_t iters = units * ((k + iter_k - 1) / iter_k);
+  int64_t blocks = static_cast<int64_t>(num_sms) * kMinBlocks;
+  if (blocks > units) blocks = units;
+  if (blocks * warps_per_block * kSegPersistMinIters > iters) blocks = iters / (warps_per_block * kSegPersistMinIters);
+  return blocks >= num_sms ? static_cast<int>(blocks) : 0;
 }
 
 // One call's arguments, in the layout of optimized/contract.py (T = half_t or bf16_t):
@@ -430,7 +430,7 @@ inline void plan_stages(SkinnyParams& p, const DeviceLimits& d) {
 // grid (p.blocks), or p.variant = seg_xs where it has none. Before plan_split.
 inline void plan_persist(SkinnyParams& p, int num_sms) {
   if (p.variant != kVariantSegPersist) return;
-  p.blocks = seg_persist_blocks(p.n, p.m, num_sms);
+  p.blocks = seg_persist_blocks(p.n, p.m, p.k, num_sms);
   if (p.blocks == 0) p.variant = kVariantSegXs;
 }
 
