@@ -33,13 +33,14 @@ ROW_ALIGN_BYTES = 16         # x rows and qweight are read with 16-byte loads
 # persistent grid (2 blocks an SM), each block's row groups split evenly over its warps' iterations,
 # which run back to back with the loads running on from one row group into the next; a row group
 # that warp boundaries cut is added from its warps' partial sums at the end of the block (mma
-# engine at M <= SEG_MAX_M, where x fits in SEG_XS_MAX_BYTES and the grid gives every SM a block
-# with 2 or more iterations a warp; seg_xs runs where it does not, seg_r4 where x does not fit,
-# regs_s4 on other calls).
+# engine at M <= SEG_MAX_M, where x fits in SEG_XS_MAX_BYTES and seg_xs would run more than one
+# wave of blocks or load the SMs unevenly, with 4 or more iterations a warp; seg_xs runs elsewhere,
+# seg_r4 where x does not fit, regs_s4 on other calls).
 VARIANTS = ("base", "regs_s4", "seg_r4", "seg_xs", "stream", "seg_p")
-# variant=-1 (the default) picks per call in the kernel's host dispatch: seg_p at M = 1 (which
-# runs seg_xs where its grid would leave an SM without a block), seg_xs up to SEG_MAX_M, above it stream from K = STREAM_MIN_K or from STREAM_MIN_BYTES_MID
-# (M <= REGS_MAX_M) or STREAM_MIN_BYTES_HIGH bytes of weights, regs_s4 or base on other shapes
+# variant=-1 (the default) picks per call in the kernel's host dispatch: seg_p up to SEG_MAX_M
+# (which runs seg_xs where its plan has no grid), above it stream from K = STREAM_MIN_K or from
+# STREAM_MIN_BYTES_MID (M <= REGS_MAX_M) or STREAM_MIN_BYTES_HIGH bytes of weights, regs_s4 or base
+# on other shapes
 # (csrc/skinny_host.h default_variant and seg_persist_blocks, from the comparisons in
 # bench/results/h200/ and h100/).
 # default_variant(m, n, k) mirrors it for reports.
@@ -72,10 +73,8 @@ def default_variant(m: int, n: int, k: int) -> int:
     engine seg_p runs where its plan has a grid (seg_xs elsewhere), seg_xs where x fits in
     SEG_XS_MAX_BYTES at split 1 (seg_r4 elsewhere), and stream where K % 128 == 0; elsewhere
     regs_s4 runs where this names seg_p or seg_xs, regs_s4 or base where it names stream."""
-    if m == 1:
-        return VARIANTS.index("seg_p")
     if m <= SEG_MAX_M:
-        return VARIANTS.index("seg_xs")
+        return VARIANTS.index("seg_p")
     threshold = STREAM_MIN_BYTES_MID if m <= REGS_MAX_M else STREAM_MIN_BYTES_HIGH
     if k >= STREAM_MIN_K or n * k // 2 >= threshold:
         return VARIANTS.index("stream")

@@ -171,10 +171,11 @@ int main() {
 def test_binding_plan_builds_with_the_host_compiler(tmp_path):
     """skinny_host.h, all of the kernels the binding (a .cpp unit) includes, builds with the host
     compiler alone (no CUDA or HIP header on the path, warnings as errors), and its plan makes
-    sense: the default variant per M (at M = 1 seg_p on 2 blocks an SM, each warp with 2 or more
-    iterations; above M = 4 stream at K 8192 and 14336, regs_s4 and then base on K 3584 x N 4608),
-    the segmented kernels' split the smallest whose grid has a block for each of the 132 SMs, a
-    split
+    sense: the default variant per M (up to M = 4 seg_p on 2 blocks an SM for N 57344, where
+    seg_xs would run several waves; seg_xs on the other two, which seg_xs fills in one wave or
+    where a warp would get under 4 iterations; above M = 4 stream at K 8192 and 14336, regs_s4 and
+    then base on K 3584 x N 4608), the segmented kernels' split the smallest whose grid has a block
+    for each of the 132 SMs, a split
     that fits shared memory, a workspace exactly when the stream kernel splits K, and for the
     stream kernel at M 5..16 (more blocks than SMs) a ring with which two blocks share an SM (4
     slots, but 2 at M 5..8 and 10..16 of N 57344, where 4 slots and x would leave one block an SM);
@@ -194,7 +195,8 @@ def test_binding_plan_builds_with_the_host_compiler(tmp_path):
         n, m = (4096, 4608, 57344)[i // skinny.MAX_M], i % skinny.MAX_M + 1
         variant, split, blocks, shared, stages, resident, workspace = (int(v) for v in line.split())
         k = {4096: 14336, 4608: 3584, 57344: 8192}[n]
-        assert variant == skinny.default_variant(m, n, k), (n, m, line)
+        expected = seg_xs if n < 57344 and m <= skinny.SEG_MAX_M else skinny.default_variant(m, n, k)
+        assert variant == expected, (n, m, line)
         if variant == seg_xs:  # 8 warps of 4 row sets of M_PAD rows a block at split 1
             def grid(s: int) -> int:
                 return -(-n // (32 * (1 if m == 1 else 2 if m == 2 else 4) // s))
@@ -307,17 +309,18 @@ EMULATED = [
     ("seg_xs", "mma", 8, skinny.SEG_XS_MAX_BYTES // 8 + 128, 128, torch.float16, False, 3, dict(split=1), "seg_xs"),
     # seg_p at every M_PAD (seg_persist_blocks; one SM: 2 blocks, whose warps' shares of the
     # iterations cut row groups, so that the block adds the cut ones' partial sums and each warp's
-    # ring runs on from one row group into the next): rows past n (N 200, 504, 18), the zero-point
-    # nibble changing between row groups at M_PAD = 1, a K tail, G = 32 and 64, row groups cut over
-    # 3 and 4 warps (K 8192, N 18). A forced split is ignored (seg_p runs at split 1). seg_xs runs
-    # where the grid would leave an SM without a block (N 24 of 132 SMs, N 72 of 4 SMs), seg_r4
-    # where x is over SEG_XS_MAX_BYTES, regs_s4 above M = 4.
+    # ring runs on from one row group into the next): rows past n (N 200, 504, 36), the zero-point
+    # nibble changing between row groups at M_PAD = 1, a K tail, G = 32 and 64, and on 4 SMs
+    # (where seg_xs's 5 blocks would load them unevenly) row groups cut over 4 warps (K 32768,
+    # N 36). A forced split is ignored (seg_p runs at split 1). seg_xs runs where a warp would get
+    # under 4 iterations (N 24 of 132 SMs, N 72 of 4 SMs), seg_r4 where x is over
+    # SEG_XS_MAX_BYTES, regs_s4 above M = 4.
     ("seg_p", "mma", 264, 2048, 128, torch.bfloat16, False, 1, dict(num_sms=1), "seg_p"),
     ("seg_p", "mma", 200, 2048, 128, torch.float16, True, 2, dict(num_sms=1, row_pad=24), "seg_p"),
     ("seg_p", "mma", 208, 2016, 32, torch.float16, False, 2, dict(num_sms=1, split=4), "seg_p"),
     ("seg_p", "mma", 504, 2048, 128, torch.bfloat16, False, 3, dict(num_sms=1), "seg_p"),
     ("seg_p", "mma", 416, 2048, 64, torch.bfloat16, False, 4, dict(num_sms=1, scale_offset=1), "seg_p"),
-    ("seg_p", "mma", 18, 8192, 128, torch.float16, True, 1, dict(num_sms=1), "seg_p"),
+    ("seg_p", "mma", 36, 32768, 128, torch.float16, True, 1, dict(num_sms=4), "seg_p"),
     ("seg_p", "mma", 24, 1056, 32, torch.float16, False, 1, {}, "seg_xs"),
     ("seg_p", "mma", 72, 2048, 128, torch.float16, False, 1, dict(num_sms=4), "seg_xs"),
     ("seg_p", "mma", 8, skinny.SEG_XS_MAX_BYTES // 8 + 128, 128, torch.float16, False, 3, {}, "seg_r4"),
@@ -482,7 +485,7 @@ def test_python_limits_match_the_kernel():
     assert xs_kib * 1024 == skinny.SEG_XS_MAX_BYTES
     body = re.search(r"constexpr int default_variant\(int m, int n, int k\) \{(.*?)\n\}", core, re.S).group(1)
     assert " ".join(body.split()) == (
-        "if (m == 1) return kVariantSegPersist; if (m <= kSegMaxM) return kVariantSegXs; "
+        "if (m <= kSegMaxM) return kVariantSegPersist; "
         "const int64_t stream_from = m <= kRegsMaxM ? kStreamMinBytesMid : kStreamMinBytesHigh; "
         "if (k >= kStreamMinK || static_cast<int64_t>(n) * k / 2 >= stream_from) return kVariantStream; "
         "return m <= kRegsMaxM ? kVariantRegs : kVariantBase;"), \
@@ -498,7 +501,7 @@ def test_python_limits_match_the_kernel():
         mid = v("stream") if long_k or n * k // 2 >= skinny.STREAM_MIN_BYTES_MID else v("regs_s4")
         high = v("stream") if long_k or n * k // 2 >= skinny.STREAM_MIN_BYTES_HIGH else v("base")
         assert [skinny.default_variant(m, n, k) for m in range(1, skinny.MAX_M + 1)] == \
-            [v("seg_p")] + [v("seg_xs")] * (skinny.SEG_MAX_M - 1) + [mid] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + \
+            [v("seg_p")] * skinny.SEG_MAX_M + [mid] * (skinny.REGS_MAX_M - skinny.SEG_MAX_M) + \
             [high] * (skinny.MAX_M - skinny.REGS_MAX_M)
     assert [skinny.default_variant(m, 4096, 4096) for m in (5, 16)] == [v("regs_s4"), v("base")]
     assert [skinny.default_variant(m, 19456, 2560) for m in (5, 16)] == [v("regs_s4"), v("stream")]

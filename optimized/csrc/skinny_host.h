@@ -74,17 +74,12 @@ constexpr int kAutoVariant = -1;  // default_variant(m, n, k), per call
 enum Overlap : int { kOverlapNone = 0, kOverlapWeights = 1 };
 constexpr int kNumOverlaps = 2;
 
-// The default: seg_p (seg_xs's kernel on a persistent grid with each block's iterations split
-// evenly over its warps, where that grid has a block an SM; seg_xs elsewhere, see
-// seg_persist_blocks; seg_xs is seg_r4 at split 1, see seg_x_shared_bytes) at
-// M = 1, seg_xs up to M = kSegMaxM, above it by the shape regs_s4 (to kRegsMaxM) or base, or
-// stream (see kStreamMinK below; where stream cannot run, regs_s4 or base, see settle_variant).
-// seg_p against seg_xs under its split plan, on one H100
-// (bench/results/h100/seg_xs_split_s28_a.md, the default and plan columns, bf16 asym): at M = 1
-// 0.86-0.96x seg_xs's time on the 6 gate_up shapes where seg_p (then whole row groups a warp) had a
-// grid (1.02x on a seventh);
-// at M = 2..4 never more than 1.2% faster and up to 1.08x slower (K8192 x N57344 at M = 2: 97.2
-// against 90.1 us), so M = 2..4 run seg_xs. Stream
+// The default: seg_p up to M = kSegMaxM (seg_xs's kernel on a persistent grid with each block's
+// iterations split evenly over its warps, where seg_persist_blocks gives it a grid; seg_xs
+// elsewhere; seg_xs is seg_r4 at split 1, see seg_x_shared_bytes), above it by the shape regs_s4
+// (to kRegsMaxM) or base, or stream (see kStreamMinK below; where stream cannot run, regs_s4 or
+// base, see settle_variant). seg_p's grid rule is fitted over M = 1, 2 and 4 (seg_persist_blocks);
+// before it (whole row groups a warp) seg_p ran at M = 1 alone. Stream
 // against base at M = 9 and 16 on an H100 (session 22; 5 decode shapes x fp16 sym / bf16 asym,
 // bench/results/h100/skinny_variants_s22.txt): 1.04-1.65x faster at M = 16 in all 10 cells,
 // 1.16-1.39x at M = 9 in 8 of 10 and 4% slower on K14336 x N4096; at M = 5..8 it was slower than
@@ -117,8 +112,7 @@ constexpr int64_t kStreamMinBytesMid = 28ll << 20;   // M = kSegMaxM + 1 .. kReg
 constexpr int64_t kStreamMinBytesHigh = 20ll << 20;  // above kRegsMaxM
 
 W4_HD constexpr int default_variant(int m, int n, int k) {
-  if (m == 1) return kVariantSegPersist;
-  if (m <= kSegMaxM) return kVariantSegXs;
+  if (m <= kSegMaxM) return kVariantSegPersist;
   const int64_t stream_from = m <= kRegsMaxM ? kStreamMinBytesMid : kStreamMinBytesHigh;
   if (k >= kStreamMinK || static_cast<int64_t>(n) * k / 2 >= stream_from) return kVariantStream;
   return m <= kRegsMaxM ? kVariantRegs : kVariantBase;
@@ -159,30 +153,6 @@ W4_HD constexpr int settle_variant(int variant, int m, bool mma, int k) {
          : variant == kVariantSegPersist && seg_x_shared_bytes(m, k, 1) == 0 ? kVariantSeg
          : variant == kVariantStream && (!mma || k % kStreamPieceK != 0)     ? (m <= kRegsMaxM ? kVariantRegs : kVariantBase)
                                                                               : variant;
-}
-
-// seg_p's grid: every SM's kMinBlocks blocks, each running its share of the row groups
-// (kSegRowSets x M_PAD rows, all of K) with the iterations split evenly over its warps (see
-// skinny_seg_kernel), so that loads run on from one row group into the next with no block launch,
-// wave or tail between them, and no warp runs more than one iteration above its block's mean.
-// Fewer blocks where that would leave a warp under kSegPersistMinIters iterations (a ring that
-// never fills), and none (seg_xs runs) where that leaves an SM without a block.
-// The plan before (whole row groups a warp, used where that gave 2 or more a warp on 75% of the
-// warp slots) took 0.82-0.995x seg_xs's time in the 36 cells it covered on one H100 (27 shapes x
-// M 1..4; bench/results/h100/skinny_s26.md against skinny_s26_seg_xs.md), but it left mid-size
-// shapes to seg_xs's partial waves: K8192 x N10240 at M = 1 ran 1.21 waves, 55% of the floor on
-// the H200 (ncu_s29_k8192_n10240.txt).
-constexpr int kSegPersistMinIters = 2;
-inline int seg_persist_blocks(int n, int m, int k, int num_sms) {
-  const int warps_per_block = kBlockThreads / 32;
-  const int64_t rows = static_cast<int64_t>(kSegRowSets) * seg_m_pad(m);
-  const int64_t units = (n + rows - 1) / rows;
-  const int64_t iter_k = static_cast<int64_t>(8 / seg_m_pad(m)) * kIterK;
-  const int64_t iters = units * ((k + iter_k - 1) / iter_k);
-  int64_t blocks = static_cast<int64_t>(num_sms) * kMinBlocks;
-  if (blocks > units) blocks = units;
-  if (blocks * warps_per_block * kSegPersistMinIters > iters) blocks = iters / (warps_per_block * kSegPersistMinIters);
-  return blocks >= num_sms ? static_cast<int>(blocks) : 0;
 }
 
 // One call's arguments, in the layout of optimized/contract.py (T = half_t or bf16_t):
@@ -424,6 +394,42 @@ inline void plan_stages(SkinnyParams& p, const DeviceLimits& d) {
   p.stages = p.variant == kVariantStream
                  ? stream_stages(p.n, p.m, p.k, p.group_size, p.zeros == nullptr, p.split, d)
                  : 0;
+}
+
+// seg_p's grid: every SM's kMinBlocks blocks (fewer where there are fewer row groups), each
+// running its share of the row groups (kSegRowSets x M_PAD rows, all of K) with the iterations
+// split evenly over its warps (see skinny_seg_kernel), so that loads run on from one row group
+// into the next with no block launch, wave or tail between them; or 0 blocks, and seg_xs runs.
+// seg_p has costs seg_xs lacks under a split (every block stages all of x, and row groups the
+// warps cut are added at the end of the block), so it runs only where seg_xs leaves time to win:
+// where seg_xs's grid at split 1 is more than one wave of kMinBlocks blocks an SM, or where its
+// planned grid loads the SMs unevenly (blocks under kSegPersistMaxLoad % of the most an SM gets,
+// times the SMs), and only where a warp gets kSegPersistMinIters iterations or more (the ring
+// never fills on fewer). On one H100 (bench/results/h100/seg_p_s30.md; every fixture shape x
+// fp16 sym / bf16 asym at M 1, 2, 4, 150 cells) this took 1.0008x the faster kernel's time
+// (geometric mean; 1.059x at worst), seg_xs alone 1.022x (1.31x), seg_p alone 1.12x (1.81x; up to
+// 1.4x on shapes of one wave or less); the thresholds gave the same choices from 4 to 5.5
+// iterations and from 75 to 85 %. seg_p took 0.80-0.88x seg_xs's time on K8192 x N10240 at
+// M 1 and 2 (1.21 waves), 0.76-0.93x on K3584 x N37888.
+// The plan before (whole row groups a warp where that gave 2 or more a warp on 75% of the warp
+// slots; M = 1 only) took 0.82-0.995x seg_xs's time in the 36 cells it covered on one H100
+// (skinny_s26.md against skinny_s26_seg_xs.md).
+constexpr int kSegPersistMinIters = 4;
+constexpr int kSegPersistMaxLoad = 80;
+inline int seg_persist_blocks(int n, int m, int k, int num_sms) {
+  const int warps_per_block = kBlockThreads / 32;
+  const int64_t units = (n + static_cast<int64_t>(kSegRowSets) * seg_m_pad(m) - 1) / (kSegRowSets * seg_m_pad(m));
+  const int64_t iter_k = static_cast<int64_t>(8 / seg_m_pad(m)) * kIterK;
+  const int64_t iters = units * ((k + iter_k - 1) / iter_k);
+  const int64_t max_blocks = static_cast<int64_t>(num_sms) * kMinBlocks;
+  if (iters < kSegPersistMinIters * max_blocks * warps_per_block) return 0;
+  const int rows = tile_rows(kVariantSegXs, m) / choose_split(n, m, k, num_sms, 32, kVariantSegXs);
+  const int64_t xs_blocks = (n + rows - 1) / rows;
+  const int64_t most_per_sm = (xs_blocks + num_sms - 1) / num_sms;
+  const bool waves = units > max_blocks * warps_per_block;
+  const bool uneven = 100 * xs_blocks < kSegPersistMaxLoad * most_per_sm * num_sms;
+  if (!waves && !uneven) return 0;
+  return static_cast<int>(units < max_blocks ? units : max_blocks);
 }
 
 // For a call whose p.variant is settled and whose other fields but the split are set: seg_p's
