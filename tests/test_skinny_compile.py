@@ -173,7 +173,8 @@ def test_binding_plan_builds_with_the_host_compiler(tmp_path):
     compiler alone (no CUDA or HIP header on the path, warnings as errors), and its plan makes
     sense: the default variant per M (up to M = 4 seg_p on 2 blocks an SM for N 57344, where
     seg_xs would run several waves; seg_xs on the other two, which seg_xs fills in one wave or
-    where a warp would get under 4 iterations; above M = 4 stream at K 8192 and 14336, regs_s4 and
+    where a warp would get under 4 iterations, and seg_r4 at K 14336 and M 3..4, where x is over
+    SEG_XS_MAX_BYTES; above M = 4 stream at K 8192 and 14336, regs_s4 and
     then base on K 3584 x N 4608), the segmented kernels' split the smallest whose grid has a block
     for each of the 132 SMs, a split
     that fits shared memory, a workspace exactly when the stream kernel splits K, and for the
@@ -195,7 +196,10 @@ def test_binding_plan_builds_with_the_host_compiler(tmp_path):
         n, m = (4096, 4608, 57344)[i // skinny.MAX_M], i % skinny.MAX_M + 1
         variant, split, blocks, shared, stages, resident, workspace = (int(v) for v in line.split())
         k = {4096: 14336, 4608: 3584, 57344: 8192}[n]
-        expected = seg_xs if n < 57344 and m <= skinny.SEG_MAX_M else skinny.default_variant(m, n, k)
+        expected = skinny.default_variant(m, n, k)
+        if m <= skinny.SEG_MAX_M and n < 57344:  # seg_p has no grid: seg_xs, or seg_r4 where x does not fit
+            x_fits = (1 if m == 1 else 2 if m == 2 else 4) * 2 * k <= skinny.SEG_XS_MAX_BYTES
+            expected = seg_xs if x_fits else skinny.VARIANTS.index("seg_r4")
         assert variant == expected, (n, m, line)
         if variant == seg_xs:  # 8 warps of 4 row sets of M_PAD rows a block at split 1
             def grid(s: int) -> int:
