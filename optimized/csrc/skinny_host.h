@@ -418,11 +418,13 @@ constexpr int kSegPersistMinIters = 4;
 constexpr int kSegPersistMaxLoad = 80;
 inline int seg_persist_blocks(int n, int m, int k, int num_sms) {
   const int warps_per_block = kBlockThreads / 32;
-  const int64_t units = (n + static_cast<int64_t>(kSegRowSets) * seg_m_pad(m) - 1) / (kSegRowSets * seg_m_pad(m));
+  const int64_t unit_rows = static_cast<int64_t>(kSegRowSets) * seg_m_pad(m);
+  const int64_t units = (n + unit_rows - 1) / unit_rows;
   const int64_t iter_k = static_cast<int64_t>(8 / seg_m_pad(m)) * kIterK;
   const int64_t iters = units * ((k + iter_k - 1) / iter_k);
   const int64_t max_blocks = static_cast<int64_t>(num_sms) * kMinBlocks;
   if (iters < kSegPersistMinIters * max_blocks * warps_per_block) return 0;
+  // The segmented kernels run on 32-lane warps only (skinny_seg_kernel).
   const int rows = tile_rows(kVariantSegXs, m) / choose_split(n, m, k, num_sms, 32, kVariantSegXs);
   const int64_t xs_blocks = (n + rows - 1) / rows;
   const int64_t most_per_sm = (xs_blocks + num_sms - 1) / num_sms;
