@@ -5,8 +5,8 @@ Each implementation answers two questions about a call:
 * `can_implement(call, platform) -> (ok, reason)`: can it compute this call correctly here at all:
   `available(platform)` (device, compiler, build) and `fits(call)` (M limit, group size, cache).
   A forced choice only asks this one.
-* `prefers(call, thresholds) -> (ok, reason)`: is it the fast choice for this call, by the H200
-  measurements stored as data in `optimized/thresholds/` (file, command and table in each).
+* `prefers(call, thresholds) -> (ok, reason)`: is it the fast choice for this call, by the
+  device's measured crossovers (the "hybrid" section of its policy file, optimized/policy.py).
 
 The automatic choice walks PRIORITY and takes the first implementation that can and prefers;
 the last one ("torch") can always run. An implementation unavailable on this machine (no GPU, no
@@ -16,23 +16,21 @@ compiler, failed build) is logged once at WARNING; routine routing (M above a li
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from . import skinny
 from .contract import ContractError
+from .policy import INTERPRETER, policy_for
 
 log = logging.getLogger("optimized.hybrid")
 
 ENV_VAR = "W4A16_IMPL"  # forces an implementation for every call that does not name one
 AUTO = "auto"
-THRESHOLDS_DIR = Path(__file__).resolve().parent / "thresholds"
 
 
 class ImplementationUnavailable(RuntimeError):
@@ -70,11 +68,7 @@ class Platform:
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Measured crossover points for one device family (see the JSON file named by `source`).
-
-    skinny_max_m: the skinny kernel is preferred for M <= this (it can run up to skinny.MAX_M).
-    dense_min_m:  with a dense cache, the dense GEMM is preferred for M >= this.
-    """
+    """The measured crossovers the gates read, and the policy file they come from."""
 
     source: str
     skinny_max_m: int
@@ -195,7 +189,7 @@ def _warn_unavailable(name: str, why: str) -> None:
 
 
 def device_name(device: torch.device) -> str:
-    return "interpreter" if device.type == "cpu" else torch.cuda.get_device_name(device)
+    return INTERPRETER if device.type == "cpu" else torch.cuda.get_device_name(device)
 
 
 @functools.cache
@@ -208,7 +202,7 @@ def detect_platform(device: torch.device) -> Platform:
         ok, why = _triton_importable()
         if ok and os.environ.get("TRITON_INTERPRET") != "1":
             ok, why = False, "Triton runs on CPU only under its interpreter (TRITON_INTERPRET=1)"
-        return Platform("cpu", "interpreter", (False, "the skinny kernel needs a CUDA or ROCm device"), (ok, why))
+        return Platform("cpu", INTERPRETER, (False, "the skinny kernel needs a CUDA or ROCm device"), (ok, why))
     no = (False, f"no kernel runs on {device.type} tensors")
     return Platform(device.type, device.type, no, no)
 
@@ -221,19 +215,8 @@ def _triton_importable() -> tuple[bool, str]:
     return OK
 
 
-def load_thresholds(name: str) -> Thresholds:
-    """The thresholds file whose `devices` names `name`, else the one marked `default`."""
-    default = None
-    for path in sorted(THRESHOLDS_DIR.glob("*.json")):
-        data = json.loads(path.read_text())
-        entry = Thresholds(f"optimized/thresholds/{path.name}", int(data["skinny_max_m"]), int(data["dense_min_m"]))
-        if any(d in name for d in data["devices"]):
-            return entry
-        if data.get("default"):
-            default = entry
-    if default is None:
-        raise FileNotFoundError(f"no thresholds file in {THRESHOLDS_DIR} matches {name!r} or is marked default")
-    return default
-
-
-thresholds_for = functools.cache(load_thresholds)
+@functools.cache
+def thresholds_for(name: str) -> Thresholds:
+    """The crossovers of the device called `name` (its policy file's "hybrid" section)."""
+    policy = policy_for(name)
+    return Thresholds(policy.source, policy.hybrid.skinny_max_m, policy.hybrid.dense_min_m)

@@ -19,18 +19,14 @@ not branches in the wrapper.
 The result depends on M only through its bucket, so every M in one bucket runs the same tile
 shapes and reduction order (see the batch-invariance note in `triton_w4a16`).
 
-The H200 table comes from `bench/triton_h200.py --sections variants`, which times candidates for
-every bucket on the H200 and prints the best per M.
+The tables themselves are measured data: the "triton" section of each device's policy file
+(optimized/policy.py, optimized/policies/).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-
-# The name the Triton wrapper passes for CPU tensors (Triton's interpreter).
-INTERPRETER = "interpreter"
-
 
 # TileConfig.path values and the kernel's PATH codes.
 PATHS = {"gemv": 0, "dot": 1, "dot_swap": 2}
@@ -96,68 +92,6 @@ class TileTable:
     target_programs: int
     buckets: tuple[tuple[int | None, TileConfig], ...]
     split_below: int = 0
-
-
-T = TileConfig
-
-# Hopper (132 SMs on H200 and H100 SXM). The M = 1 and 2..16 buckets are the winners of the
-# 2026-12-03 decode sweep (bench/results/h200/triton_variants_decode.md; geometric mean of % of the
-# HBM floor over four Llama shapes): a one-group GEMV tile at M = 1 (41.7%, against 38.2-40.1% for
-# taller or deeper tiles); at M = 2..16 a 16-row tensor-core tile with the weight as the A operand
-# (wgmma straight from registers), half-precision dequant and narrow N-tiles split over K (26%
-# at M = 4 and 16, against 23.6% for the 128-wide tile before). The > 256 bucket is the winner of
-# the earlier sweep (triton_variants.md): 256x128 tiles, swapped, half dequant (48% of the dense
-# rate, against 42%). The 17..256 buckets are the winners of the mid sweep (triton_variants_mid.md,
-# four Llama shapes): at M = 32 and 64 the tiles that were already here (best or within 1%), at
-# M = 65..256 a 128x64 tile, 128 deep, split in two (35.7% of the floor at M = 128 and 39.7% at
-# 256, against 19% and 33.8% for the 64x128x64 and 128x128x64 tiles before; in the benchmark
-# suite at M = 128, 1.48-2.82x faster than before on the eight Llama shapes and faster than
-# gemlite on all of them, bench/results/h200/report/report.md). All take the
-# swapped, half-dequant path, because Triton 3.6 (the H200 image's) fails to compile the plain
-# path ("Illegal shared layout") for several of their tiles at G = 32 and for 64x128x32 tiles at
-# any G, while the swapped path compiles for every bucket and group size
-# (tests/test_triton_kernel.py compiles them with that Triton).
-HOPPER = TileTable("hopper", target_programs=4 * 132, buckets=(
-    (1, T(1, 128, 128, split_k=8, num_warps=4, num_stages=1)),
-    (16, T(16, 64, 128, split_k=32, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
-    (32, T(32, 64, 128, split_k=4, num_warps=4, num_stages=4, path="dot_swap", dequant="half")),
-    (64, T(64, 64, 128, split_k=2, num_warps=4, num_stages=3, path="dot_swap", dequant="half")),
-    (256, T(128, 64, 128, split_k=2, num_warps=4, num_stages=3, path="dot_swap", dequant="half")),
-    (None, T(256, 128, 64, num_warps=8, num_stages=3, path="dot_swap", dequant="half")),
-))
-
-# Other CUDA GPUs and ROCm: the same structure with shallower pipelines (less shared memory on
-# consumer parts and MI-series LDS) and a target sized for ~100-SM/CU devices.
-GENERIC = TileTable("generic", target_programs=4 * 100, buckets=(
-    (1, T(1, 128, 128, split_k=8, num_warps=4, num_stages=2)),
-    (16, T(16, 64, 128, split_k=8, num_warps=4, num_stages=2)),
-    (32, T(32, 64, 64, split_k=4, num_warps=4, num_stages=2)),
-    (64, T(64, 64, 64, split_k=2, num_warps=4, num_stages=2)),
-    (None, T(64, 128, 64, num_warps=4, num_stages=2)),
-))
-
-# Triton's CPU interpreter runs each program as numpy calls, so cost scales with the program
-# count: the widest tiles that keep the main code paths the GPU tables use (GEMV and tensor-core
-# tiles with split-K and its reduction kernel, plain tensor-core tiles; K-tiles inside one group
-# and K-tiles of several groups; fp32 and half dequant) for tests to exercise. The other paths
-# (multi-row GEMV, swapped operands) are tested through config overrides.
-INTERPRETED = TileTable("interpreter", target_programs=4, buckets=(
-    (1, T(1, 128, 256, split_k=2)),
-    (16, T(16, 64, 128, split_k=2)),
-    (64, T(64, 64, 128)),
-    (None, T(64, 128, 256, dequant="half")),
-))
-
-TABLES = (HOPPER, GENERIC, INTERPRETED)
-
-
-def table_for(device_name: str) -> TileTable:
-    """`device_name`: torch.cuda.get_device_name(), or INTERPRETER for CPU tensors."""
-    if device_name == INTERPRETER:
-        return INTERPRETED
-    if "H200" in device_name or "H100" in device_name:
-        return HOPPER
-    return GENERIC
 
 
 def largest_pow2_divisor(v: int) -> int:
@@ -233,9 +167,8 @@ def k_splits(k_tiles: int, split_k: int) -> tuple[int, int]:
     return per_split, math.ceil(k_tiles / per_split)
 
 
-def select_config(m: int, n: int, k: int, group: int, device_name: str) -> TileConfig:
+def select_config(m: int, n: int, k: int, group: int, table: TileTable) -> TileConfig:
     """The config for x [M, K] times W [N, K] with resolved group size G (K when channelwise)."""
-    table = table_for(device_name)
     for max_m, cfg in table.buckets:
         if max_m is None or m <= max_m:
             return fit_config(cfg, n, k, group, table.target_programs, table.split_below)

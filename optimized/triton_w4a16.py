@@ -55,7 +55,8 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from .contract import check_args
-from .tile_configs import INTERPRETER, TileConfig, check_config, k_splits, select_config
+from .policy import INTERPRETER, policy_for
+from .tile_configs import TileConfig, check_config, k_splits, select_config
 
 # Programs are ordered in bands of this many M-tiles, M fastest, so that programs running at the
 # same time read the same weight tiles (from L2 after the first); matters when M spans tiles.
@@ -399,7 +400,7 @@ def compile_signature(fn, constexprs: dict, dtype: str, partials: bool) -> tuple
 
 
 def device_name(device: torch.device) -> str:
-    """The name `tile_configs.select_config` keys on."""
+    """The name the device's policy file is chosen by (optimized/policy.py)."""
     return INTERPRETER if device.type == "cpu" else torch.cuda.get_device_name(device)
 
 
@@ -426,7 +427,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         raise RuntimeError("CPU tensors run only under Triton's interpreter: set TRITON_INTERPRET=1 "
                            "before importing optimized.triton_w4a16")
     if config is None:
-        config = select_config(p.m, p.n, p.k, p.group, device_name(x.device))
+        config = select_config(p.m, p.n, p.k, p.group, policy_for(device_name(x.device)).triton)
     else:
         check_config(config, p.k, p.group)
     out = torch.empty(p.m, p.n, dtype=x.dtype, device=x.device)

@@ -2,11 +2,10 @@
 
 import pytest
 
-from tests.test_skinny_compile import build_emulator
+from tests.support.skinny_emulator import build_emulator
 
 
 @pytest.fixture(scope="session")
-def plain_emulator(tmp_path_factory):
-    """The skinny kernel's CPU emulation (csrc/skinny_emulate.cpp) without AddressSanitizer, built
-    once per session (per xdist worker): for tests that run it many times."""
-    return build_emulator(tmp_path_factory.mktemp("skinny_emulator"), sanitize=False)
+def plain_emulator():
+    """The skinny kernel's CPU emulation without AddressSanitizer, for tests that run it many times."""
+    return build_emulator(sanitize=False)

@@ -1,6 +1,5 @@
 """The fp64 reference: exact on exactly representable problems, chunked, bounded in memory."""
 
-import resource
 import subprocess
 import sys
 import textwrap

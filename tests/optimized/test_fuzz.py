@@ -16,9 +16,8 @@ How long: W4A16_FUZZ=ci (default: derandomized, a few examples per property, abo
         2 cores) or W4A16_FUZZ=long (random, hundreds of examples: the H200 run);
         W4A16_FUZZ_EXAMPLES=N overrides every property's example count.
 
-The last properties fuzz the oracle's own packing primitives where tests/test_layouts.py does not
-(any nibble order along any dim, and the tensors KernelSpec.prepare hands a kernel), and one test
-proves the kernel property can fail: it finds each planted bug of fixtures/variants.py.
+The last test proves the kernel property can fail: it finds each planted bug of
+fixtures/variants.py.
 """
 
 from __future__ import annotations
@@ -36,12 +35,12 @@ from hypothesis import strategies as st
 from fixtures.specs import as_spec
 from fixtures.variants import BUGGY
 from optimized import skinny, specs
-from optimized.tile_configs import INTERPRETED, INTERPRETER, TileTable, select_config, table_for
-from optimized.triton_w4a16 import GROUP_M, device_name, w4a16_matmul
+from optimized.policy import INTERPRETER, policy_for
+from optimized.tile_configs import TileTable, select_config
+from optimized.triton_w4a16 import GROUP_M, device_name
 from oracle import judge, plain_torch_matmul, probe_weight, random_quantized, reference_matmul, run_probes
 from oracle.diagnose import diagnose
 from oracle.kernel_spec import KernelSpec
-from oracle.layouts import nibbles, unpack_zero_points, zero_points_from_float
 from oracle.quantize import WEIGHT_KINDS
 
 # ----------------------------------------------------------------------------------------------
@@ -95,7 +94,7 @@ def probe_rows(k: int, group: int) -> int:
 
 
 def interpreter_steps(m: int, n: int, k: int, group: int) -> int:
-    cfg = select_config(m, n, k, group, INTERPRETER)
+    cfg = select_config(m, n, k, group, policy_for(INTERPRETER).triton)
     return math.ceil(m / cfg.block_m) * math.ceil(n / cfg.block_n) * (k // cfg.block_k)
 
 
@@ -175,8 +174,8 @@ def skinny_boundaries() -> Boundaries:
 
 # The interpreter's table on CPU (shapes up to about 3 K-tiles); the device's table on a GPU, up to
 # past the last bucket's band of GROUP_M M-tiles.
-CPU_TRITON = triton_boundaries(INTERPRETED, m_limit=129, n_limit=400, interpreted=True)
-TRITON = CPU_TRITON if not ON_GPU else triton_boundaries(table_for(device_name(DEVICE)), m_limit=2112,
+CPU_TRITON = triton_boundaries(policy_for(INTERPRETER).triton, m_limit=129, n_limit=400, interpreted=True)
+TRITON = CPU_TRITON if not ON_GPU else triton_boundaries(policy_for(device_name(DEVICE)).triton, m_limit=2112,
                                                          n_limit=20000, interpreted=False)
 SKINNY = skinny_boundaries()
 
@@ -324,58 +323,3 @@ def test_property_finds_a_planted_bug(variant):
 
     with pytest.raises(AssertionError, match=variant.name):
         property_on_buggy_kernel()
-
-
-# ----------------------------------------------------------------------------------------------
-# the oracle's packing, where tests/test_layouts.py does not fuzz it
-
-
-@st.composite
-def packable(draw):
-    """(values uint8 0..15 of 1 to 3 dims, the packed dim, a nibble order): the packed dim's
-    extent is a multiple of 8."""
-    dims = draw(st.lists(st.integers(1, 5), min_size=1, max_size=3))
-    dim = draw(st.integers(0, len(dims) - 1))
-    dims[dim] = 8 * draw(st.integers(1, 6))
-    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-    return torch.randint(0, 16, dims, generator=g, dtype=torch.uint8), dim, tuple(draw(st.permutations(range(8))))
-
-
-@fuzz_settings(ci=60, long=1000)
-@given(packable())
-def test_nibbles_any_order_along_any_dim(case):
-    values, dim, order = case
-    words = nibbles.pack(values, dim, order)
-    assert words.dtype == torch.int32 and words.shape[dim] * 8 == values.shape[dim]
-    assert torch.equal(nibbles.unpack(words, dim, order), values)
-    assert torch.equal(nibbles.unpack(words.view(torch.uint32), dim, order), values)
-    # Nibble p (bits 4p..4p+3) of word j holds element 8j + order[p], read back without `unpack`.
-    w = words.movedim(dim, -1).to(torch.int64) & 0xFFFFFFFF
-    v = values.movedim(dim, -1)
-    for p, e in enumerate(order):
-        assert torch.equal(((w >> (4 * p)) & 0xF).to(torch.uint8), v[..., e::8]), (p, e)
-
-
-PREPARE_LAYOUTS = [(wl, zl) for wl in ("kernel", "exllama", "canonical") for zl in ("packed", "unpacked", "canonical")]
-
-
-@fuzz_settings(ci=40, long=500)
-@given(st.sampled_from(PREPARE_LAYOUTS), st.sampled_from([8, 16, 24]), st.integers(1, 12),
-       st.sampled_from([32, 64, -1]), st.booleans(), st.sampled_from(list(DTYPES.values())), st.integers(0, 2**16))
-def test_prepare_hands_kernels_the_exact_weight(layouts, n, words, group_size, symmetric, dtype, seed):
-    """KernelSpec.prepare (what every kernel under test is fed) decodes back to the canonical
-    weight bit for bit, in every weight and zero-point layout it offers."""
-    weight_layout, zero_layout = layouts
-    k = 8 * words * (4 if group_size == 32 else 8)  # a multiple of 32 and 64
-    w = probe_weight(n, k, group_size, symmetric, dtype, torch.Generator().manual_seed(seed))
-    spec = KernelSpec(name="layouts", fn=w4a16_matmul, weight_layout=weight_layout, zero_layout=zero_layout)
-    weight, scales, zeros = spec.prepare(w, dtype)
-    q = {"kernel": lambda: nibbles.unpack(weight, 1), "exllama": lambda: nibbles.unpack(weight, 1, nibbles.AWQ_ORDER),
-         "canonical": lambda: weight}[weight_layout]()
-    assert torch.equal(q, w.q)
-    assert scales.dtype == dtype and torch.equal(scales, w.scales.to(dtype))
-    if symmetric:
-        assert zeros is None
-    else:
-        z = {"packed": unpack_zero_points, "unpacked": zero_points_from_float, "canonical": lambda t: t}[zero_layout](zeros)
-        assert torch.equal(z, w.zeros)

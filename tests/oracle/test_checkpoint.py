@@ -12,7 +12,7 @@ from oracle.canonical import QuantizedWeight
 from oracle.checkpoint import read_checkpoint, write_checkpoint
 from oracle.errors import CheckpointError
 from oracle.layouts import to_awq, to_compressed_tensors, to_gptq
-from tests.test_layouts import make_weight
+from tests.support.weights import make_weight
 
 LAYERS = ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj")
 # Tensors of no quantized layer: a reader must leave them alone.

@@ -1,6 +1,6 @@
-"""Reading sm_90 cubins with the cuobjdump Triton ships (no GPU, no CUDA toolkit needed), for
-bench/triton_sass.py and bench/skinny_sass.py. Importing this changes nothing in the process (unlike
-bench/triton_sass.py, which turns Triton's interpreter off), so tests may import it in-process.
+"""Reading sm_90 cubins with the cuobjdump Triton ships (no GPU, no CUDA toolkit needed): resources
+and the opcodes of a kernel's main loop, for the instruction-budget tests and tools/sass.py.
+Importing this changes nothing in the process, so tests may import it in-process.
 """
 
 from __future__ import annotations

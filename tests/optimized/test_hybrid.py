@@ -11,7 +11,6 @@ tests/test_triton_kernel.py, since under the interpreter it is too slow for this
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
 from pathlib import Path
@@ -625,84 +624,3 @@ def test_compiled_matmul_equals_eager(monkeypatch, lead, impl):
     for shape in lead:
         x = torch.randn(*shape, 128).half()
         assert torch.equal(compiled(x), f(x))
-
-
-# ----------------------------------------------------------------------------------------------
-# 8. the thresholds files dispatch reads
-
-
-THRESHOLDS = sorted(dispatch.THRESHOLDS_DIR.glob("*.json"))
-def strings_in(value) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in strings_in(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in strings_in(v)]
-    return []
-
-
-@pytest.mark.parametrize("path", THRESHOLDS, ids=lambda p: p.name)
-def test_thresholds_file_has_what_dispatch_reads(path):
-    data = json.loads(path.read_text())
-    assert isinstance(data["devices"], list) and all(isinstance(d, str) and d for d in data["devices"])
-    assert type(data["skinny_max_m"]) is int and type(data["dense_min_m"]) is int
-    # Preferring skinny above the M it can run would only make every such call pass it over.
-    assert 0 <= data["skinny_max_m"] <= skinny.MAX_M
-    assert data["dense_min_m"] >= 1
-    assert isinstance(data.get("default", False), bool)
-    assert isinstance(data["why"], str) and data["why"]
-
-
-def test_exactly_one_thresholds_file_is_the_default():
-    defaults = [p.name for p in THRESHOLDS if json.loads(p.read_text()).get("default")]
-    assert len(defaults) == 1, defaults
-    assert dispatch.load_thresholds("a device no file names").source == f"optimized/thresholds/{defaults[0]}"
-
-
-@pytest.mark.parametrize("path", [p for p in THRESHOLDS if json.loads(p.read_text())["devices"]], ids=lambda p: p.name)
-def test_each_named_device_resolves_to_its_file(path):
-    data = json.loads(path.read_text())
-    for device in data["devices"]:
-        t = dispatch.load_thresholds(f"NVIDIA {device}")
-        assert (t.source, t.skinny_max_m, t.dense_min_m) == (f"optimized/thresholds/{path.name}",
-                                                             data["skinny_max_m"], data["dense_min_m"])
-
-
-@pytest.mark.parametrize("path", THRESHOLDS, ids=lambda p: p.name)
-def test_thresholds_cite_paths_that_exist(path):
-    cited = sorted({m for s in strings_in(json.loads(path.read_text()))
-                    for m in re.findall(r"\b(?:bench|optimized|oracle|tests|docs|fixtures)/[\w./-]*\w", s)})
-    missing = [c for c in cited if not (ROOT / c).exists()]
-    assert not missing, f"{path.name} cites {missing}, not in the repository"
-
-
-def thresholds_from_table(table: dict[str, dict[str, float | None]]) -> tuple[int, int | None]:
-    """The rule each measured file states: skinny_max_m is the largest M with skinny faster than
-    Triton at every measured M up to it; dense_min_m the smallest measured M from which dense is
-    faster than Triton at every larger measured M (None: no such M, the file must put it above
-    every measured M)."""
-    ms = sorted(int(m) for m in table)
-    skinny_max_m = 0
-    for m in ms:
-        ratio = table[str(m)]["skinny/triton"]
-        if ratio is not None:
-            if ratio >= 1:
-                break
-            skinny_max_m = m
-    dense = [(m, table[str(m)]["dense/triton"]) for m in ms if table[str(m)]["dense/triton"] is not None]
-    dense_min_m = next((m for i, (m, _) in enumerate(dense) if all(r < 1 for _, r in dense[i:])), None)
-    return skinny_max_m, dense_min_m
-
-
-@pytest.mark.parametrize("path", [p for p in THRESHOLDS if "measurement" in json.loads(p.read_text())],
-                         ids=lambda p: p.name)
-def test_measured_thresholds_follow_from_their_measurement(path):
-    data = json.loads(path.read_text())
-    table = data["geo_mean_time_ratio_by_m"]
-    measured = json.loads((ROOT / data["measurement"]).read_text())["crossover"]
-    assert measured["table"] == table
-    assert (measured["skinny_max_m"], measured["dense_min_m"]) == (data["skinny_max_m"], data["dense_min_m"])
-    skinny_max_m, dense_min_m = thresholds_from_table(table)
-    assert data["skinny_max_m"] == skinny_max_m
-    assert data["dense_min_m"] == dense_min_m if dense_min_m else data["dense_min_m"] > max(map(int, table))

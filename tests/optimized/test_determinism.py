@@ -22,68 +22,24 @@ What each kernel promises about M (and so what is tested):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 
 import pytest
 import torch
 
 from optimized import skinny
-from optimized.tile_configs import INTERPRETED, INTERPRETER, select_config
+from optimized.policy import INTERPRETER, policy_for
+from optimized.tile_configs import select_config
 from optimized.triton_w4a16 import w4a16_matmul
 from oracle import judge, random_quantized, reference_matmul
 from oracle.canonical import bit_equal
 from oracle.layouts import to_kernel_layout
-from tests.test_skinny_compile import emulate_call
+from tests.support.skinny_emulator import emulate_call
 
 # Other rows filled with NaN and Inf are part of the row-independence check: numpy's warnings
 # about them under the interpreter are noise.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
-Run = Callable[[torch.Tensor], torch.Tensor]  # x [M, K] -> y [M, N]
-
-
-def first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
-    diff = (a.double() != b.double()) & ~(a.double().isnan() & b.double().isnan())
-    where = diff.nonzero()[:4].tolist()
-    return f"{int(diff.sum())} element(s) differ, first at {where}"
-
-
-def assert_deterministic(run: Run, x: torch.Tensor, repeats: int = 3) -> None:
-    first = run(x)
-    for i in range(2, repeats + 1):
-        again = run(x)
-        assert bit_equal(again, first), f"call {i} differs from call 1: {first_difference(again, first)}"
-
-
-def other_rows(x: torch.Tensor, keep: int, seed: int) -> list[torch.Tensor]:
-    """Copies of x whose rows other than `keep` hold other random values, huge values, and NaN /
-    Inf (a special value must not leak into a row that never saw it)."""
-    gen = torch.Generator().manual_seed(seed)
-    fills = [torch.randn(x.shape, generator=gen), torch.randn(x.shape, generator=gen) * 1000,
-             torch.full(x.shape, float("nan")), torch.full(x.shape, float("inf"))]
-    out = []
-    for fill in fills:
-        y = fill.to(x.dtype)
-        y[keep] = x[keep]
-        out.append(y)
-    return out
-
-
-def assert_rows_independent(run: Run, x: torch.Tensor, keep: int, seed: int = 0) -> None:
-    want = run(x)[keep]
-    for i, x2 in enumerate(other_rows(x, keep, seed)):
-        got = run(x2)[keep]
-        assert bit_equal(got, want), f"row {keep} changed with other rows (filling {i}): {first_difference(got, want)}"
-
-
-def assert_same_rows_for_every_m(run: Run, x: torch.Tensor, ms: tuple[int, ...]) -> None:
-    """run(x[:m]) is the first m rows of run(x[:max(ms)]) for every m in ms."""
-    full = run(x[:max(ms)])
-    for m in ms:
-        got = run(x[:m])
-        assert bit_equal(got, full[:m]), f"M={m} differs from the first {m} rows at M={max(ms)}: " \
-                                         f"{first_difference(got, full[:m])}"
-
+from tests.support.invariance import Run, assert_deterministic, assert_rows_independent, assert_same_rows_for_every_m, first_difference
 
 def problem(n: int, k: int, group: int, m: int, dtype: torch.dtype, seed: int):
     gen = torch.Generator().manual_seed(seed)
@@ -108,7 +64,7 @@ def triton_run(dtype: torch.dtype, seed: int = 0) -> tuple[Run, torch.Tensor]:
 def buckets() -> list[tuple[int, int]]:
     """(first M, last M) of each interpreter-table bucket; the open last one cut at 129."""
     out, lo = [], 1
-    for max_m, _ in INTERPRETED.buckets:
+    for max_m, _ in policy_for(INTERPRETER).triton.buckets:
         hi = 129 if max_m is None else max_m
         out.append((lo, hi))
         lo = hi + 1
@@ -116,7 +72,7 @@ def buckets() -> list[tuple[int, int]]:
 
 
 def config_id(m: int) -> str:
-    return select_config(m, TN, TK, TG, INTERPRETER).id
+    return select_config(m, TN, TK, TG, policy_for(INTERPRETER).triton).id
 
 
 # One M per bucket: GEMV with split-K and its reduction kernel, split-K tensor cores, tensor
@@ -219,92 +175,3 @@ def test_skinny_stream_same_rows_within_a_bucket(plain_emulator, tmp_path, lo, h
     assert bit_equal(runs[lo][0], runs[hi][0][:lo]), first_difference(runs[lo][0], runs[hi][0][:lo])
 
 
-# ------------------------------------------------------------------------------------------------
-# The oracle reference (its unrounded fp64 y and its rounded y_out)
-
-def reference_run(field: str) -> tuple[Run, torch.Tensor]:
-    w, x, bias = problem(200, 512, 128, 40, torch.bfloat16, seed=5)
-    return (lambda xx: getattr(reference_matmul(xx, w, bias), field)), x
-
-
-@pytest.mark.parametrize("field", ("y", "y_out"))
-def test_reference_deterministic(field):
-    run, x = reference_run(field)
-    assert_deterministic(run, x)
-
-
-@pytest.mark.parametrize("field", ("y", "y_out"))
-def test_reference_rows_independent(field):
-    run, x = reference_run(field)
-    assert_rows_independent(run, x, keep=7)
-
-
-@pytest.mark.parametrize("field", ("y", "y_out"))
-def test_reference_same_rows_for_every_m(field):
-    run, x = reference_run(field)
-    assert_same_rows_for_every_m(run, x, (1, 2, 7, 16, 17, 40))
-
-
-# ------------------------------------------------------------------------------------------------
-# The checks catch real bugs: plain-torch kernels with one planted flaw each.
-
-def planted_problem():
-    w, x, _ = problem(24, 256, 64, 9, torch.float16, seed=11)
-    return w.dequantize(torch.float32), x
-
-
-def exact_rows(w: torch.Tensor) -> Run:
-    """Correct: fp32 products and sums per row, one rounding."""
-    return lambda x: (x.float() @ w.t()).half()
-
-
-def row_coupled(w: torch.Tensor) -> Run:
-    """Bug: a batch statistic (here the mean of all rows) leaks into each row, as a shared
-    workspace or a reduction over the wrong axis would."""
-    return lambda x: (x.float() @ w.t() + 1e-2 * x.float().mean(0).sum()).half()
-
-
-def split_by_m(w: torch.Tensor) -> Run:
-    """Bug: K split into min(M, 4) slices whose partial sums are rounded to fp16, so the rounding
-    of every row depends on how many rows came with it."""
-    def run(x):
-        slices = torch.chunk(torch.arange(x.shape[1]), min(x.shape[0], 4))
-        return sum((x[:, s].float() @ w[:, s].t()).half().float() for s in slices).half()
-    return run
-
-
-def order_by_call(w: torch.Tensor) -> Run:
-    """Bug: fp16 partial sums added in an order that changes from call to call, as atomics do."""
-    calls = itertools.count()
-
-    def run(x):
-        partials = [(x[:, s].float() @ w[:, s].t()).half() for s in torch.chunk(torch.arange(x.shape[1]), 8)]
-        shift = next(calls) % len(partials)
-        total = torch.zeros_like(partials[0])
-        for p in partials[shift:] + partials[:shift]:
-            total = total + p
-        return total
-    return run
-
-
-@pytest.mark.parametrize("check", [
-    pytest.param(lambda run, x: assert_deterministic(run, x), id="deterministic"),
-    pytest.param(lambda run, x: assert_rows_independent(run, x, keep=4), id="rows-independent"),
-    pytest.param(lambda run, x: assert_same_rows_for_every_m(run, x, (1, 2, 3, 9)), id="same-rows-for-every-m"),
-])
-def test_checks_pass_a_correct_kernel(check):
-    w, x = planted_problem()
-    check(exact_rows(w), x)
-
-
-@pytest.mark.parametrize("check, buggy", [
-    pytest.param(lambda run, x: assert_deterministic(run, x), order_by_call, id="deterministic-catches-call-order"),
-    pytest.param(lambda run, x: assert_rows_independent(run, x, keep=4), row_coupled,
-                 id="rows-independent-catches-row-coupling"),
-    pytest.param(lambda run, x: assert_same_rows_for_every_m(run, x, (1, 2, 3, 9)), split_by_m,
-                 id="same-rows-catches-m-dependent-split"),
-])
-def test_checks_catch_a_planted_bug(check, buggy):
-    w, x = planted_problem()
-    with pytest.raises(AssertionError, match="differ|changed"):
-        check(buggy(w), x)

@@ -22,22 +22,15 @@ import triton.language as tl
 
 from optimized import triton_w4a16
 from optimized.contract import ContractError
-from optimized.tile_configs import (
-    GENERIC,
-    HOPPER,
-    INTERPRETED,
-    INTERPRETER,
-    TABLES,
-    TileConfig,
-    check_config,
-    fit_config,
-    no_straddle,
-    select_config,
-    table_for,
-)
+from optimized.policy import INTERPRETER, policy_for
+from optimized.tile_configs import TileConfig, check_config, fit_config, no_straddle, select_config
 from optimized.triton_w4a16 import w4a16_matmul
 from oracle import judge, plain_torch_matmul, probe_weight, random_quantized, reference_matmul, run_probes
 from oracle.layouts import to_kernel_layout
+
+# The tile tables of a Hopper GPU, of any other GPU (the default file), and of the interpreter.
+DEVICES = {"hopper": "NVIDIA H200", "generic": "AMD Instinct MI300X", "interpreter": INTERPRETER}
+HOPPER, GENERIC, INTERPRETED = (policy_for(d).triton for d in DEVICES.values())
 from oracle.shapes import DECODE_BATCHES, PREFILL_BATCHES, unique_shapes
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -156,7 +149,7 @@ def test_channelwise_k_below_dot_minimum(m, dtype):
     """K = 200 channelwise: its largest power-of-two divisor (8) is below tl.dot's minimum K, so
     every M falls back to GEMV tiles."""
     k, n = 200, 40
-    assert not select_config(m, n, k, k, INTERPRETER).use_dot
+    assert not select_config(m, n, k, k, INTERPRETED).use_dot
     w, kw, x, b = make_inputs(k, n, m, -1, False, dtype, True, True, seed=m)
     v = judge(run_kernel(kw, x, b), reference_matmul(x, w, b), dequant_dtype=dtype)
     assert v.passed, v.summary()
@@ -200,18 +193,18 @@ def test_unsigned_packed_words_match_int32():
 def table_config_cases():
     """The smallest M of every bucket of the GPU tables."""
     cases = []
-    for table in (HOPPER, GENERIC):
+    for name in ("hopper", "generic"):
+        table = policy_for(DEVICES[name]).triton
         firsts = [1] + [max_m + 1 for max_m, _ in table.buckets[:-1]]
-        cases += [pytest.param(table.name, m, id=f"{table.name}-M{m}") for m in firsts]
+        cases += [pytest.param(name, m, id=f"{name}-M{m}") for m in firsts]
     return cases
 
 
-@pytest.mark.parametrize("table_name, m", table_config_cases())
-def test_gpu_table_configs_compute_correctly(table_name, m):
+@pytest.mark.parametrize("name, m", table_config_cases())
+def test_gpu_table_configs_compute_correctly(name, m):
     """Each GPU bucket's config, fitted to a small problem and forced on the interpreter."""
     k, n, group = 256, 72, 128
-    table = next(t for t in TABLES if t.name == table_name)
-    cfg = select_config(m, n, k, group, "NVIDIA H200" if table is HOPPER else "AMD Instinct MI300X")
+    cfg = select_config(m, n, k, group, policy_for(DEVICES[name]).triton)
     w, kw, x, b = make_inputs(k, n, m, group, False, torch.bfloat16, True, False, seed=m)
     v = judge(run_kernel(kw, x, b, config=cfg), reference_matmul(x, w, b), dequant_dtype=torch.bfloat16)
     assert v.passed, f"{cfg.id}: {v.summary()}"
@@ -354,12 +347,11 @@ def test_split_below_turns_split_k_off():
     assert fit_config(cfg, 64 * 300, 8192, 128, 528).split_k == 2
 
 
-@pytest.mark.parametrize("table", TABLES, ids=lambda t: t.name)
-def test_tables_never_straddle_a_group(table):
+@pytest.mark.parametrize("name", DEVICES)
+def test_tables_never_straddle_a_group(name):
     """Every M in 1..4096 on every real shape and group size: a valid config whose K-tiles stay
     inside one group, identical for every M of a bucket (what batch invariance rests on)."""
-    device = {HOPPER: "NVIDIA H200", GENERIC: "AMD Instinct MI300X", INTERPRETED: INTERPRETER}[table]
-    assert table_for(device) is table
+    table = policy_for(DEVICES[name]).triton
     assert table.buckets[-1][0] is None
     edges = [max_m for max_m, _ in table.buckets[:-1]]
     assert edges == sorted(set(edges))
@@ -368,7 +360,7 @@ def test_tables_never_straddle_a_group(table):
         if k % g:
             continue
         for m in range(1, 4097):
-            cfg = select_config(m, n, k, g, device)
+            cfg = select_config(m, n, k, g, table)
             if m == 1 or m - 1 in edges:
                 check_config(cfg, k, g)
                 bucket_cfg = cfg
@@ -400,7 +392,7 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from bench.sass_tools import cubin_resources
+    from tests.support.sass import cubin_resources
 
     backend, arch, warp = target.split(":")
     gpu = GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))
@@ -464,7 +456,7 @@ def _compile_in_subprocess(target: str, backend: str, which: str, site: str | No
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (site, env.get("PYTHONPATH"))))
     run = subprocess.run([sys.executable, "-c", "import triton; print('triton', triton.__version__); "
-                          f"from tests.test_triton_kernel import aot_compile_tables as f; f({target!r}, {which!r})"],
+                          f"from tests.optimized.test_triton_kernel import aot_compile_tables as f; f({target!r}, {which!r})"],
                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return run
