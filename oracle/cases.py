@@ -12,6 +12,7 @@ from .canonical import QuantizedWeight, resolve_group_size
 from .errors import LayoutError
 from .quantize import WEIGHT_KINDS, random_quantized
 from .shapes import BOUNDARY_SHAPES, DECODE_BATCHES, PREFILL_BATCHES, LinearShape, unique_shapes
+from .tiers import TIERS
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -26,7 +27,6 @@ CPU_SHAPES = [
 ]
 CPU_BATCHES = (1, 3, 16, 17, 33, 129)
 QUICK_BATCHES = (1, 4, 16, 33, 256)
-TIERS = ("cpu", "quick", "full")
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,15 @@
-"""Run a kernel over the parity matrix: random data judged by the error model, plus exact probes."""
+"""Run kernels over the parity matrix: random data judged by the error model, plus exact probes.
+
+Each case's inputs, reference and probe weight are built once and judged against every kernel
+checked in the same run (`check_kernels`), so checking two kernels costs little more than one.
+"""
 
 from __future__ import annotations
 
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,14 +19,19 @@ from .error_model import Verdict, judge
 from .errors import expect
 from .kernel_spec import KernelSpec
 from .probes import ProbeResult, probe_weight, run_probes
-from .reference import plain_torch_matmul, reference_matmul
+from .reference import Reference, plain_torch_matmul, reference_matmul
+
+# The phases a case's time is split into, in the order they run.
+PHASES = ("inputs", "reference", "kernel", "verdict", "probes")
 
 
 @dataclass(frozen=True)
 class CaseReport:
-    """One case's outcome. probe is None when this case's configuration was probed elsewhere
-    (probes run once per shape, group size, dtype and symmetry); error holds a raised exception;
-    diagnosis names the wrong convention that explains a failed verdict, if one does."""
+    """One case's outcome for one kernel. probe is None when this case's configuration was probed
+    elsewhere (probes run once per shape, group size, dtype and symmetry); error holds a raised
+    exception; diagnosis names the wrong convention that explains a failed verdict, if one does;
+    phases: seconds spent per phase (PHASES), shared phases (inputs, reference) counted for every
+    kernel that used them."""
 
     kernel: str
     case_id: str
@@ -31,6 +40,7 @@ class CaseReport:
     error: str | None
     seconds: float
     diagnosis: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -51,53 +61,113 @@ def call_kernel(spec: KernelSpec, prepared: tuple, x: torch.Tensor, n: int, grou
     return out
 
 
+def describe_exception(exc: BaseException) -> str:
+    """A crashing kernel is a failed case: its error, with the traceback's last frames unless it
+    is a plain argument error."""
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if not isinstance(exc, (ValueError, TypeError)):
+        text += "\n" + traceback.format_exc(limit=-3)
+    return text
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.phases = {p: 0.0 for p in PHASES}
+
+    def run(self, phase: str, fn: Callable, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.phases[phase] += time.perf_counter() - start
+
+
+def _judge_one(spec: KernelSpec, case: Case, inputs, ref: Reference, baseline: torch.Tensor, seed: int,
+               device: torch.device, probes: bool, shared: dict[str, float]) -> CaseReport:
+    timer = _Timer()
+    timer.phases.update(shared)
+    verdict = probe = diagnosis = error = None
+    try:
+        prepared = spec.prepare(inputs.weight, case.dtype)
+        out = timer.run("kernel", call_kernel, spec, prepared, inputs.x, case.n, case.group_size, inputs.bias)
+        verdict = timer.run("verdict", judge, out, ref, dequant_dtype=spec.dequant(case.dtype),
+                            dequant_roundings=spec.dequant_roundings, baseline=baseline)
+        if not verdict.passed:
+            diagnosis = timer.run("verdict", lambda: diagnose(
+                out, inputs.x, inputs.weight, inputs.bias, dequant_dtype=spec.dequant(case.dtype),
+                dequant_roundings=spec.dequant_roundings, ref=ref).summary())
+        if probes:
+            probe = timer.run("probes", _probe, spec, case, inputs.bias, seed, device)
+    except Exception as exc:  # a crashing kernel is a failed case, reported with its traceback
+        error = describe_exception(exc)
+    return CaseReport(spec.name, case.id, verdict, probe, error, sum(timer.phases.values()), diagnosis,
+                      timer.phases)
+
+
+def _probe(spec: KernelSpec, case: Case, bias: torch.Tensor | None, seed: int, device: torch.device) -> ProbeResult:
+    g = torch.Generator().manual_seed(seed + 1)
+    pw = probe_weight(case.n, case.k, case.group_size, case.symmetric, case.dtype, g).to(device)
+    prepared = spec.prepare(pw, case.dtype)
+    return run_probes(lambda x, b: call_kernel(spec, prepared, x, case.n, case.group_size, b), pw, case.dtype,
+                      bias, max_m=spec.max_m or 4096, generator=g)
+
+
+def check_case_all(specs: list[KernelSpec], case: Case, seed: int = 0, device: str | torch.device = "cpu",
+                   probes: dict[str, bool] | bool = True) -> list[CaseReport]:
+    """One case judged against every spec in `specs` (each must support it): the inputs, the
+    reference and the plain-torch baseline are built once. probes: per spec name, or for all."""
+    device = torch.device(device)
+    timer = _Timer()
+    try:
+        inputs = timer.run("inputs", make_inputs, case, seed, device)
+        ref = timer.run("reference", reference_matmul, inputs.x, inputs.weight, inputs.bias)
+        baseline = timer.run("reference", plain_torch_matmul, inputs.x, inputs.weight, inputs.bias)
+    except Exception as exc:  # the oracle cannot build this case here (a bad device, say)
+        error = describe_exception(exc)
+        return [CaseReport(s.name, case.id, None, None, error, sum(timer.phases.values()), None, dict(timer.phases))
+                for s in specs]
+    shared = {p: t for p, t in timer.phases.items() if t}
+    return [_judge_one(s, case, inputs, ref, baseline, seed, device,
+                       probes if isinstance(probes, bool) else probes.get(s.name, True), shared) for s in specs]
+
+
 def check_case(spec: KernelSpec, case: Case, seed: int = 0, device: str | torch.device = "cpu",
                probes: bool = True) -> CaseReport:
-    start = time.perf_counter()
-    verdict = probe = diagnosis = None
-    try:
-        inp = make_inputs(case, seed, device)
-        prepared = spec.prepare(inp.weight, case.dtype)
-        out = call_kernel(spec, prepared, inp.x, case.n, case.group_size, inp.bias)
-        ref = reference_matmul(inp.x, inp.weight, inp.bias)
-        verdict = judge(out, ref, dequant_dtype=spec.dequant(case.dtype), dequant_roundings=spec.dequant_roundings,
-                        baseline=plain_torch_matmul(inp.x, inp.weight, inp.bias))
-        if not verdict.passed:
-            diagnosis = diagnose(out, inp.x, inp.weight, inp.bias, dequant_dtype=spec.dequant(case.dtype),
-                                 dequant_roundings=spec.dequant_roundings, ref=ref).summary()
-        if probes:
-            g = torch.Generator().manual_seed(seed + 1)
-            pw = probe_weight(case.n, case.k, case.group_size, case.symmetric, case.dtype, g).to(device)
-            p_prepared = spec.prepare(pw, case.dtype)
-            bias = inp.bias
-            probe = run_probes(lambda x, b: call_kernel(spec, p_prepared, x, case.n, case.group_size, b), pw, case.dtype,
-                               bias, max_m=spec.max_m or 4096, generator=g)
-        error = None
-    except Exception as exc:  # a crashing kernel is a failed case, reported with its traceback
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        if not isinstance(exc, (ValueError, TypeError)):
-            error += "\n" + traceback.format_exc(limit=-3)
-    return CaseReport(spec.name, case.id, verdict, probe, error, time.perf_counter() - start, diagnosis)
+    return check_case_all([spec], case, seed, device, probes)[0]
 
 
 def probe_key(case: Case) -> tuple:
     return (case.k, case.n, case.group_size, case.dtype, case.symmetric)
 
 
+def check_kernels(specs: Iterable[KernelSpec], cases: Iterable[Case], seed: int = 0,
+                  device: str | torch.device = "cpu",
+                  on_result: Callable[[CaseReport], None] | None = None) -> dict[str, list[CaseReport]]:
+    """Every case each spec supports, judged; exact probes once per configuration and kernel.
+    Returns kernel name -> its reports, in case order."""
+    specs = list(specs)
+    for spec in specs:
+        expect(isinstance(spec, KernelSpec), "spec", "a KernelSpec describing the kernel", type(spec).__name__)
+    names = [s.name for s in specs]
+    expect(len(set(names)) == len(names), "specs", "kernels with distinct names", str(names))
+    probed: dict[str, set[tuple]] = {s.name: set() for s in specs}
+    reports: dict[str, list[CaseReport]] = {s.name: [] for s in specs}
+    for case in cases:
+        expect(isinstance(case, Case), "cases", "oracle.cases.Case items (see parity_cases)", type(case).__name__)
+        todo = [s for s in specs if s.supports(case)[0]]
+        if not todo:
+            continue
+        key = probe_key(case)
+        for report in check_case_all(todo, case, seed, device, {s.name: key not in probed[s.name] for s in todo}):
+            probed[report.kernel].add(key)
+            reports[report.kernel].append(report)
+            if on_result is not None:
+                on_result(report)
+    return reports
+
+
 def check_kernel(spec: KernelSpec, cases: Iterable[Case], seed: int = 0, device: str | torch.device = "cpu",
                  on_result: Callable[[CaseReport], None] | None = None) -> list[CaseReport]:
     """Every case the spec supports, each judged; exact probes once per configuration."""
     expect(isinstance(spec, KernelSpec), "spec", "a KernelSpec describing the kernel", type(spec).__name__)
-    probed: set[tuple] = set()
-    reports = []
-    for case in cases:
-        expect(isinstance(case, Case), "cases", "oracle.cases.Case items (see parity_cases)", type(case).__name__)
-        if not spec.supports(case)[0]:
-            continue
-        key = probe_key(case)
-        report = check_case(spec, case, seed, device, probes=key not in probed)
-        probed.add(key)
-        reports.append(report)
-        if on_result is not None:
-            on_result(report)
-    return reports
+    return check_kernels([spec], cases, seed, device, on_result)[spec.name]

@@ -194,7 +194,7 @@ def _gptq_reader(qc: Mapping):
                  f"GPTQ v{version}")
         w = from_gptq(parts, group_size, version=version, symmetric=symmetric)
         if w.has_act_order and not desc_act:
-            raise CheckpointError(f"GPTQ: desc_act is false, so g_idx must be k // G; found an act-order g_idx "
+            raise CheckpointError("GPTQ: desc_act is false, so g_idx must be k // G; found an act-order g_idx "
                                   "(kernels that trust desc_act would read this layer wrongly)")
         return w
 

@@ -8,35 +8,51 @@ import importlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
-import torch
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .cases import TIERS, parity_cases
-from .check import CaseReport, check_kernel
-from .kernel_spec import KernelSpec
-from .report import write_report
+from .tiers import TIERS
+
+# Columns a table keeps when output goes to a log instead of a terminal, so no column is cut.
+LOG_WIDTH = 160
+# A progress line in a log at most this often (seconds), and at every 10% of the cases.
+LOG_EVERY_S = 15.0
 
 
-def load_spec(target: str) -> KernelSpec:
-    """'package.module:name' -> the KernelSpec object it names."""
+def load_spec(target: str):
+    """'package.module:name' -> the oracle.KernelSpec object it names; SystemExit with what was
+    expected and what was found otherwise."""
+    from .kernel_spec import KernelSpec
+
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise SystemExit(f"kernel: expected 'package.module:spec', got {target!r}")
-    spec = getattr(importlib.import_module(module_name), attr, None)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        where = "" if e.name == module_name else f" (it imports {e.name!r}, which is not installed)"
+        raise SystemExit(f"kernel: expected an importable module {module_name!r} in {target!r}, "
+                         f"but it could not be imported{where}; is it on PYTHONPATH?") from None
+    if not hasattr(module, attr):
+        specs = sorted(name for name, value in vars(module).items() if isinstance(value, KernelSpec))
+        raise SystemExit(f"kernel: expected {module_name!r} to define {attr!r}, but it does not "
+                         f"(KernelSpec objects there: {specs or 'none'})")
+    spec = getattr(module, attr)
     if not isinstance(spec, KernelSpec):
-        raise SystemExit(f"kernel: expected {target} to be an oracle.kernel_spec.KernelSpec, got {type(spec).__name__}")
+        raise SystemExit(f"kernel: expected {target} to be an oracle.kernel_spec.KernelSpec, "
+                         f"got {type(spec).__name__}")
     return spec
 
 
-def summary_table(results: dict[str, list[CaseReport]], tier: str, device: str) -> Table:
+def summary_table(results: dict, tier: str, device: str) -> Table:
     table = Table(title=f"W4A16 parity, tier {tier}, on {device}")
     table.add_column("kernel", no_wrap=True)
     for col in ("cases", "pass", "fail", "worst err/bound", "torch err/bound", "probe rows", "probe bad", "s"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     for name, reports in results.items():
         verdicts = [r.verdict for r in reports if r.verdict is not None]
         probes = [r.probe for r in reports if r.probe is not None]
@@ -50,34 +66,139 @@ def summary_table(results: dict[str, list[CaseReport]], tier: str, device: str) 
     return table
 
 
-def report_json(results: dict[str, list[CaseReport]]) -> dict:
-    return {name: [{
-        "case": r.case_id, "passed": r.passed, "seconds": r.seconds, "error": r.error,
+def report_json(results: dict, meta: dict) -> dict:
+    return {"kind": "parity", **meta, "kernels": {name: [{
+        "case": r.case_id, "passed": r.passed, "seconds": r.seconds, "phases": r.phases, "error": r.error,
         "worst_ratio": None if r.verdict is None else r.verdict.worst_ratio,
         "violations": None if r.verdict is None else r.verdict.violations,
         "baseline_worst_ratio": None if r.verdict is None else r.verdict.baseline_worst_ratio,
         "probe_rows": None if r.probe is None else r.probe.rows,
         "probe_mismatches": None if r.probe is None else r.probe.mismatches,
         "diagnosis": r.diagnosis,
-    } for r in reports] for name, reports in results.items()}
+    } for r in reports] for name, reports in results.items()}}
+
+
+class LogProgress:
+    """Progress as plain lines, for output that is not a terminal: a line at every 10% of the
+    work and at least every LOG_EVERY_S seconds, with the count and the time left."""
+
+    def __init__(self, console: Console, total: int, clock) -> None:
+        self.console, self.total, self.clock = console, total, clock
+        self.done = self.failed = 0
+        self.last_line, self.last_tenth = time.perf_counter(), 0
+
+    def advance(self, passed: bool) -> None:
+        from .runner import format_seconds
+
+        self.done += 1
+        self.failed += not passed
+        tenth = 10 * self.done // max(1, self.total)
+        if tenth > self.last_tenth or time.perf_counter() - self.last_line >= LOG_EVERY_S or self.done == self.total:
+            self.last_tenth, self.last_line = tenth, time.perf_counter()
+            self.console.print(f"progress: {self.done}/{self.total} ({100 * self.done // max(1, self.total)}%), "
+                               f"{self.failed} failed, {format_seconds(self.clock.elapsed)} elapsed, "
+                               f"about {format_seconds(self.clock.remaining)} left", highlight=False)
+
+
+def devices_for(args: argparse.Namespace) -> list[str]:
+    """The device of each worker process."""
+    import torch
+
+    if args.gpus:
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise SystemExit("--gpus: expected a machine with CUDA or ROCm devices, found none")
+        if args.gpus == "all":
+            ids = list(range(count))
+        else:
+            try:
+                ids = [int(v) for v in args.gpus.split(",")] if "," in args.gpus else list(range(int(args.gpus)))
+            except ValueError:
+                raise SystemExit(f"--gpus: expected 'all', a count or a comma-separated list of ids, "
+                                 f"got {args.gpus!r}") from None
+            bad = [i for i in ids if not 0 <= i < count]
+            if bad or not ids:
+                raise SystemExit(f"--gpus: expected ids in 0..{count - 1}, got {args.gpus!r}")
+        return [f"cuda:{i}" for i in ids]
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    workers = args.workers or ((os.cpu_count() or 1) if device == "cpu" else 1)
+    return [device] * workers
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    console = Console()
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cpu":
+    from .runner import Clock, case_cost, estimate_seconds, format_seconds, parse_shard, run_workers, shard
+
+    terminal = sys.stdout.isatty()
+    console = Console() if terminal else Console(width=LOG_WIDTH)
+    devices = devices_for(args)
+    if devices[0] == "cpu":
         # Triton kernels can only run on the CPU through the interpreter, and it must be chosen
         # before their modules are imported.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     specs = [load_spec(t) for t in args.kernels]
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"kernels: expected distinct KernelSpec names, got {names}")
+    from .cases import parity_cases
+    from .check import CaseReport, check_kernels
+
     cases = parity_cases(args.tier)
-    results: dict[str, list[CaseReport]] = {}
-    with Progress(console=console, transient=True) as progress:
-        for spec in specs:
-            todo = [c for c in cases if spec.supports(c)[0]]
-            task = progress.add_task(spec.name, total=len(todo))
-            results[spec.name] = check_kernel(spec, todo, args.seed, device,
-                                              on_result=lambda r, t=task: progress.advance(t))
+    if args.shard:
+        try:
+            index, count = parse_shard(args.shard)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        cases = shard(cases, index, count)
+    todo = {s.name: [c for c in cases if s.supports(c)[0]] for s in specs}
+    costs: dict[tuple[str, str], float] = {}
+    for name, own in todo.items():
+        seen: set[tuple] = set()
+        for c in own:
+            key = (c.k, c.n, c.group_size, c.dtype, c.symmetric)
+            costs[(name, c.id)] = case_cost(c, key not in seen)
+            seen.add(key)
+    total = sum(len(v) for v in todo.values())
+    where = devices[0] if len(set(devices)) == 1 else ", ".join(devices)
+    line = f"tier {args.tier}: {total} checks ({len(cases)} cases x {len(specs)} kernels) on {where}, " \
+           f"{len(devices)} worker{'s' if len(devices) > 1 else ''}"
+    if devices[0] == "cpu":
+        line += f"; estimated {format_seconds(estimate_seconds(cases, len(specs), len(devices)))} on a 2-core machine"
+    console.print(line, highlight=False)
+    work = {s.name: sum(v for (k, _), v in costs.items() if k == s.name) for s in specs}
+    clock = Clock(work, len(devices))
+    results: dict[str, list[CaseReport]] = {s.name: [] for s in specs}
+    start = time.perf_counter()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("failed {task.fields[failed]}"),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True) if terminal else None
+    log = None if terminal else LogProgress(console, total, clock)
+    task = progress.add_task("checking", total=total, failed=0) if progress else None
+    failed = 0
+
+    def on_result(r: CaseReport) -> None:
+        nonlocal failed
+        results[r.kernel].append(r)
+        clock.advance(r.kernel, costs.get((r.kernel, r.case_id), 0.0), r.seconds)
+        failed += not r.passed
+        if progress is not None:
+            progress.update(task, advance=1, failed=failed)
+        else:
+            log.advance(r.passed)
+
+    errors: list[str] = []
+    if progress is not None:
+        progress.start()
+    try:
+        if len(devices) == 1:
+            check_kernels(specs, cases, args.seed, devices[0], on_result=on_result)
+        else:
+            env = {k: v for k, v in os.environ.items() if k in ("TRITON_INTERPRET", "PYTHONPATH")}
+            errors = run_workers(list(args.kernels), cases, devices, args.seed, on_result, env)
+    finally:
+        if progress is not None:
+            progress.stop()
+    order = {c.id: i for i, c in enumerate(cases)}
+    for reports in results.values():
+        reports.sort(key=lambda r: order[r.case_id])
     for name, reports in results.items():
         for r in [r for r in reports if not r.passed][: args.show_failures]:
             console.print(f"[red]FAIL[/red] {name} {r.case_id}")
@@ -85,13 +206,21 @@ def cmd_check(args: argparse.Namespace) -> int:
                          r.diagnosis and f"diagnosis: {r.diagnosis}", r.probe and not r.probe.passed and r.probe.summary()):
                 if part:
                     console.print("  " + str(part).replace("\n", "\n  "), markup=False, highlight=False)
-    console.print(summary_table(results, args.tier, device))
+    for e in errors:
+        console.print(f"[red]ERROR[/red] {e}", highlight=False)
+    console.print(summary_table(results, args.tier, where))
+    wall = time.perf_counter() - start
+    console.print(f"{sum(len(r) for r in results.values())} checks in {format_seconds(wall)}", highlight=False)
     if args.json:
-        Path(args.json).write_text(json.dumps(report_json(results), indent=1))
-    return 1 if any(not r.passed for reports in results.values() for r in reports) else 0
+        meta = {"tier": args.tier, "shard": args.shard, "devices": devices, "seed": args.seed, "wall_seconds": wall}
+        Path(args.json).write_text(json.dumps(report_json(results, meta), indent=1))
+    missing = total - sum(len(r) for r in results.values())
+    return 1 if errors or missing or any(not r.passed for reports in results.values() for r in reports) else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
     try:
         path = write_report(args.inputs, args.out, plots=not args.no_plots)
     except ModuleNotFoundError as e:
@@ -109,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("kernels", nargs="+", metavar="package.module:spec")
     check.add_argument("--tier", choices=TIERS, default="cpu")
     check.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    check.add_argument("--workers", type=int, default=None,
+                       help="processes sharing the cases (default: every CPU core on cpu, 1 on a GPU)")
+    check.add_argument("--gpus", default=None,
+                       help="'all', a count or comma-separated ids: one worker process per GPU")
+    check.add_argument("--shard", default=None, metavar="i/n",
+                       help="run only share i of n (whole weight groups, disjoint, together complete)")
     check.add_argument("--seed", type=int, default=0)
     check.add_argument("--json", default=None, help="write per-case results here")
     check.add_argument("--show-failures", type=int, default=10)
@@ -120,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--no-plots", action="store_true", help="the markdown only (no matplotlib needed)")
     report.set_defaults(func=cmd_report)
     args = parser.parse_args(argv)
+    if args.command == "check" and args.workers is not None and args.workers < 1:
+        parser.error(f"--workers: expected at least 1, got {args.workers}")
     return args.func(args)
 
 

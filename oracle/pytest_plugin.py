@@ -3,6 +3,9 @@
 One option group (`--w4a16-*`), one fixture (`w4a16_check`, for writing your own cases), and one
 hook (`pytest_w4a16_cases`, in `oracle.pytest_hooks`) to add cases. Every case is its own test
 item with a readable id (`kernel::shape-G-M-dtype-sym`), so it works with `-n auto` and `-k`.
+
+pytest loads this module in every run of an environment where the package is installed, so it
+imports torch and the oracle only when its options or its fixture are used.
 """
 
 from __future__ import annotations
@@ -11,12 +14,9 @@ import os
 from collections.abc import Callable
 
 import pytest
-import torch
 
 from . import pytest_hooks
-from .cases import TIERS, Case, parity_cases
-from .check import CaseReport, check_case, probe_key
-from .kernel_spec import KernelSpec
+from .tiers import TIERS
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,16 +33,23 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def _device(config: pytest.Config) -> str:
-    return config.getoption("w4a16_device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    chosen = config.getoption("w4a16_device")
+    if chosen:
+        return chosen
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class W4A16CaseItem(pytest.Item):
-    def __init__(self, *, spec: KernelSpec, case: Case, probes: bool, **kwargs) -> None:
+    def __init__(self, *, spec, case, probes: bool, **kwargs) -> None:
         super().__init__(**kwargs)
         self.spec, self.case, self.probes = spec, case, probes
-        self.report: CaseReport | None = None
+        self.report = None
 
     def runtest(self) -> None:
+        from .check import check_case
+
         config = self.config
         self.report = check_case(self.spec, self.case, config.getoption("w4a16_seed"), _device(config), self.probes)
         if not self.report.passed:
@@ -58,12 +65,13 @@ class W4A16CaseItem(pytest.Item):
 
 
 class W4A16Failure(Exception):
-    def __init__(self, report: CaseReport) -> None:
+    def __init__(self, report) -> None:
         super().__init__(report.case_id)
         self.report = report
 
 
-def describe_failure(r: CaseReport) -> str:
+def describe_failure(r) -> str:
+    """The full account of a failed oracle.check.CaseReport."""
     lines = [f"{r.kernel} {r.case_id}"]
     if r.error:
         lines.append(r.error)
@@ -80,11 +88,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     targets = config.getoption("w4a16_kernel")
     if not targets:
         return
-    from .cli import load_spec
-
     if _device(config) == "cpu":
         # Triton kernels reach the CPU only through the interpreter, chosen before they import.
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    from .cases import parity_cases
+    from .check import probe_key
+    from .cli import load_spec
+
     cases = parity_cases(config.getoption("w4a16_tier"))
     config.hook.pytest_w4a16_cases(config=config, cases=cases)
     for target in targets:
@@ -100,11 +110,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 @pytest.fixture
-def w4a16_check(request: pytest.FixtureRequest) -> Callable[[KernelSpec, Case], CaseReport]:
-    """check(spec, case, probes=True) -> CaseReport; fails the test with the full report on failure."""
+def w4a16_check(request: pytest.FixtureRequest) -> Callable:
+    """check(spec, case, probes=True) -> oracle.check.CaseReport; fails the test with the full report
+    on failure."""
+    from .check import check_case
+
     device = _device(request.config)
 
-    def check(spec: KernelSpec, case: Case, probes: bool = True) -> CaseReport:
+    def check(spec, case, probes: bool = True):
         report = check_case(spec, case, request.config.getoption("w4a16_seed"), device, probes)
         if not report.passed:
             pytest.fail(describe_failure(report), pytrace=False)

@@ -34,7 +34,7 @@ def from_awq(tensors: Mapping[str, torch.Tensor], group_size: int, symmetric: bo
     require_tensors(tensors, ("qweight", "scales") if symmetric else ("qweight", "qzeros", "scales"), NAME)
     qweight = expect_tensor(tensors["qweight"], f"{NAME} qweight", dtypes=nibbles.PACKED_DTYPES,
                             shape=(None, None), layout_hint="[K, N/8] packed along N")
-    k, n = qweight.shape[0], qweight.shape[1] * 8
+    n = qweight.shape[1] * 8
     scales = expect_tensor(tensors["scales"], f"{NAME} scales", shape=(None, n), layout_hint=f"[K/G, N={n}]")
     groups = scales.shape[0]
     q = nibbles.unpack(qweight, 1, nibbles.AWQ_ORDER).t().contiguous()
