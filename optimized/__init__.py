@@ -1,0 +1,18 @@
+"""Our W4A16 kernels behind one op: `prepare` a weight once, then `matmul` picks the kernel per call.
+
+    import optimized
+    pw = optimized.prepare(weight, torch.bfloat16, "cuda")   # any layout the oracle reads
+    y = optimized.matmul(x, pw, bias)                        # x [..., K] -> y [..., N]
+    optimized.choose(m, pw)                                  # which implementation an [m, K] call takes
+
+Importing this package registers the torch.library op `w4a16::matmul` (with its fake
+implementation, so torch.compile traces it). Nothing is compiled at import.
+"""
+
+from .contract import ContractError
+from .dispatch import Choice, ImplementationUnavailable
+from .hybrid import choose, matmul
+from .prepared import PreparedWeight, prepare, prepare_checkpoint
+
+__all__ = ["Choice", "ContractError", "ImplementationUnavailable", "PreparedWeight", "choose", "matmul", "prepare",
+           "prepare_checkpoint"]

@@ -92,11 +92,24 @@ class ProbeResult:
 
 @dataclass(frozen=True)
 class ProbeSet:
-    """x: activation dtype [R, K]; labels: one description per row; bias: [N] or None."""
+    """x: activation dtype [R, K]; labels: one description per row; bias: [N] or None;
+    channels: int64 [R] for one-hot rows (row r is 1 at channel channels[r]), else None."""
 
     x: torch.Tensor
     labels: list[str]
     bias: torch.Tensor | None
+    channels: torch.Tensor | None = None
+
+    def expected(self, weight: QuantizedWeight, start: int, stop: int) -> torch.Tensor:
+        """The exact outputs of rows start..stop, rounded once to x.dtype. A one-hot row's output
+        is the weight's column, read directly rather than through an [R, K] x [K, N] product."""
+        if self.channels is None:
+            return reference_matmul(self.x[start:stop], weight, self.bias).y_out
+        columns = self.channels[start:stop].to(weight.q.device)
+        gi = weight.group_index()[columns]
+        q = weight.q[:, columns].to(torch.int16)
+        z = weight.zeros_or_default().to(torch.int16)[:, gi]
+        return ((q - z).double() * weight.scales.double()[:, gi]).t().to(self.x.dtype)
 
 
 def build_probes(weight: QuantizedWeight, dtype: torch.dtype, bias: torch.Tensor | None = None,
@@ -110,7 +123,7 @@ def build_probes(weight: QuantizedWeight, dtype: torch.dtype, bias: torch.Tensor
     groups = torch.arange(weight.num_groups, device=device)
     indicator = (gi.unsqueeze(0) == groups.unsqueeze(1)).to(dtype)
     sets = [
-        ProbeSet(one_hot, [f"one-hot k={k}" for k in ks.tolist()], None),
+        ProbeSet(one_hot, [f"one-hot k={k}" for k in ks.tolist()], None, ks),
         ProbeSet(indicator, [f"group indicator g={g}" for g in range(weight.num_groups)], None),
     ]
     if bias is not None:
@@ -128,7 +141,7 @@ def run_probes(kernel: Callable[[torch.Tensor, torch.Tensor | None], torch.Tenso
     for ps in build_probes(weight, dtype, bias, generator):
         for start in range(0, ps.x.shape[0], max_m):
             x = ps.x[start:start + max_m]
-            expected = reference_matmul(x, weight, ps.bias).y_out
+            expected = ps.expected(weight, start, start + x.shape[0])
             got = kernel(x.clone(), None if ps.bias is None else ps.bias.clone())
             if not isinstance(got, torch.Tensor) or got.dtype != expected.dtype or got.shape != expected.shape:
                 raise LayoutError(f"kernel output on probes: expected {describe(expected)}, got "

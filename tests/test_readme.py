@@ -4,9 +4,10 @@ import re
 from pathlib import Path
 
 
-def run_example(section: str) -> None:
+def run_example(section: str, index: int = 0) -> None:
     text = Path(__file__).resolve().parents[1].joinpath("README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", text.split(f"## {section}", 1)[1], re.S).group(1)
+    body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", body, re.S)[index]
     exec(compile(code, "README.md", "exec"), {})
 
 
@@ -20,3 +21,8 @@ def test_use_our_kernel_example_runs(capsys):
     run_example("Use our kernel")
     impl, passed = capsys.readouterr().out.split()[:2]
     assert impl in ("dense", "skinny", "triton", "torch") and passed == "True"
+
+
+def test_read_checkpoint_example_runs(capsys):
+    run_example("Check your kernel", 1)
+    assert capsys.readouterr().out.strip() == "{'model.layers.0.mlp.down_proj': (64, 256, 128, False)}"

@@ -83,3 +83,16 @@ def test_probe_sets_cover_one_hot_groups_and_bias():
     assert [s.x.shape[0] for s in sets] == [256, 4, 1]
     assert torch.equal(sets[0].x.float().sum(1), torch.ones(256))
     assert torch.equal(sets[1].x.float().sum(1), torch.full((4,), 64.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("symmetric", (False, True), ids=("asym", "sym"))
+def test_one_hot_expectations_are_the_reference(dtype, symmetric):
+    """One-hot rows are judged against the weight's columns, read directly: the same bits as the
+    fp64 reference of those rows, for every set (a group-indicator or bias row goes through the
+    reference itself)."""
+    w = probe_weight(24, 1024, 64, symmetric, dtype, torch.Generator().manual_seed(5))
+    for ps in build_probes(w, dtype, torch.ones(24, dtype=dtype)):
+        got = ps.expected(w, 3, ps.x.shape[0])
+        want = reference_matmul(ps.x[3:], w, ps.bias).y_out
+        assert got.dtype == want.dtype and torch.equal(got, want)
