@@ -20,7 +20,7 @@ def _triton(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros: 
 
 # The M = 1 path scales after an exact dot (no weight rounding), the tensor-core path rounds
 # (q - z) * s once into x.dtype: the latter is the looser bound, so it is declared for all M.
-triton = KernelSpec(name="triton", fn=_triton, weight_layout="kernel", zero_layout="packed")
+triton = KernelSpec(name="triton", fn=_triton, weight_layout="kernel", zero_layout="packed", dequant_roundings=1)
 
 
 def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 # public name -> the submodule that defines it
 _EXPORTS = {
     "QuantizedWeight": "canonical",
-    "TIERS": "tiers", "Case": "cases", "CaseInputs": "cases", "make_inputs": "cases", "parity_cases": "cases",
+    "TIERS": "tiers", "Case": "cases", "CaseInputs": "cases", "case": "cases", "make_inputs": "cases",
+    "parity_cases": "cases",
     "CaseReport": "check", "check_case": "check", "check_kernel": "check",
     "read_checkpoint": "checkpoint", "write_checkpoint": "checkpoint",
     "diagnose": "diagnose",
@@ -33,7 +34,7 @@ _EXPORTS = {
 }
 __all__ = ["Case", "CaseInputs", "CaseReport", "CheckpointError", "KernelSpec", "KernelWeights",
     "LayoutError", "LinearShape", "ProbeResult", "QuantizedWeight", "Reference", "TIERS", "Verdict",
-    "check_case", "check_kernel", "diagnose", "error_bounds", "from_kernel_layout", "judge", "make_inputs",
+    "case", "check_case", "check_kernel", "diagnose", "error_bounds", "from_kernel_layout", "judge", "make_inputs",
     "parity_cases", "plain_torch_matmul", "probe_weight", "quantize_rtn", "random_quantized",
     "random_weight", "read_checkpoint", "reference_matmul", "run_probes", "to_kernel_layout",
     "write_checkpoint"]
@@ -54,7 +55,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .canonical import QuantizedWeight
-    from .cases import Case, CaseInputs, make_inputs, parity_cases
+    from .cases import Case, CaseInputs, case, make_inputs, parity_cases
     from .check import CaseReport, check_case, check_kernel
     from .checkpoint import read_checkpoint, write_checkpoint
     from .diagnose import diagnose

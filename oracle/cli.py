@@ -140,7 +140,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if len(set(names)) != len(names):
         raise SystemExit(f"kernels: expected distinct KernelSpec names, got {names}")
     from .cases import parity_cases
-    from .check import CaseReport, check_kernels
+    from .check import CaseReport, check_kernels, probe_key
 
     cases = parity_cases(args.tier)
     if args.shard:
@@ -154,7 +154,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for name, own in todo.items():
         seen: set[tuple] = set()
         for c in own:
-            key = (c.k, c.n, c.group_size, c.dtype, c.symmetric)
+            key = probe_key(c)
             costs[(name, c.id)] = case_cost(c, key not in seen)
             seen.add(key)
     total = sum(len(v) for v in todo.values())

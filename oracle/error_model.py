@@ -27,7 +27,7 @@ import torch
 from .errors import LayoutError, describe
 from .reference import Reference
 
-U_ACC = 2.0**-23
+U_ACC = 2.0**-23  # u_a of fp32 accumulation: one ulp, twice the unit roundoff
 TIGHT_SIGMAS = 6.0
 
 
@@ -43,10 +43,12 @@ class Bounds:
     tight: torch.Tensor
 
 
-def error_bounds(ref: Reference, dequant_dtype: torch.dtype | None, dequant_roundings: int = 1) -> Bounds:
+def error_bounds(ref: Reference, dequant_dtype: torch.dtype | None, dequant_roundings: int = 1,
+                 accumulate: torch.dtype = torch.float32) -> Bounds:
     """dequant_dtype: the dtype W is rounded into before the products (None: exact, e.g. a
     kernel that scales after an integer dot). dequant_roundings: c_w, 1 for (q - z) * s, 2 for
-    q * s + (-z * s) or float-zero forms."""
+    q * s + (-z * s) or float-zero forms. accumulate: the dtype the kernel sums in (u_a is its
+    unit roundoff; the diagnosis tries the activation dtype)."""
     out_dtype = ref.y_out.dtype
     u_o = unit_roundoff(out_dtype)
     u_w = 0.0 if dequant_dtype is None else unit_roundoff(dequant_dtype)
@@ -54,11 +56,12 @@ def error_bounds(ref: Reference, dequant_dtype: torch.dtype | None, dequant_roun
     eta = fi.tiny * fi.eps + ref.k * 2.0**-149
     y, a, q = ref.y.double().abs(), ref.abs_dot.double(), ref.rms_dot.double()
     k = ref.k
+    u_a = 2 * unit_roundoff(accumulate)  # one ulp: U_ACC for fp32
     spread = 30 * (dequant_roundings - 1)
     d_a = a + spread * ref.abs_scale_dot.double() if spread else a
     d_q = q + spread * ref.rms_scale_dot.double() if spread else q
-    hard_acc = u_w * d_a + k * U_ACC * a
-    tight_acc = TIGHT_SIGMAS * (u_w * d_q + math.sqrt(k) * U_ACC * a)
+    hard_acc = u_w * d_a + k * u_a * a
+    tight_acc = TIGHT_SIGMAS * (u_w * d_q + math.sqrt(k) * u_a * a)
     if ref.accumulate == torch.float32:
         hard_acc = hard_acc + k * U_ACC * a
         tight_acc = tight_acc + TIGHT_SIGMAS * math.sqrt(k) * U_ACC * a
@@ -126,7 +129,8 @@ def element_errors(out: torch.Tensor, ref: Reference) -> torch.Tensor:
 
 
 def judge(out: torch.Tensor, ref: Reference, *, dequant_dtype: torch.dtype | None, dequant_roundings: int = 1,
-          baseline: torch.Tensor | None = None, criterion: str = "tight", max_examples: int = 8) -> Verdict:
+          baseline: torch.Tensor | None = None, criterion: str = "tight", max_examples: int = 8,
+          accumulate: torch.dtype = torch.float32) -> Verdict:
     """Judge a kernel's output (activation dtype [M, N]) against the reference."""
     if criterion not in ("tight", "hard"):
         raise LayoutError(f"criterion: expected 'tight' or 'hard', got {criterion!r}")
@@ -138,7 +142,7 @@ def judge(out: torch.Tensor, ref: Reference, *, dequant_dtype: torch.dtype | Non
         raise LayoutError(f"kernel output: expected a tensor with data, got {describe(out)}")
     if dequant_dtype is not None and not (isinstance(dequant_dtype, torch.dtype) and dequant_dtype.is_floating_point):
         raise LayoutError(f"dequant_dtype: expected None or a floating-point torch.dtype, got {dequant_dtype!r}")
-    bounds = error_bounds(ref, dequant_dtype, dequant_roundings)
+    bounds = error_bounds(ref, dequant_dtype, dequant_roundings, accumulate)
     err = element_errors(out.to(ref.y.device), ref)
     ratio = err / bounds.tight
     over_tight = ratio > 1

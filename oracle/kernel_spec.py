@@ -40,10 +40,18 @@ class KernelSpec:
 
     dequant_dtype: the dtype the kernel rounds W into before multiplying ("activation" for x.dtype,
                    None if it keeps W exact, e.g. scaling after an integer dot); sets u_w.
-    dequant_roundings: c_w, 1 for (q - z) * s, 2 for q * s + (-z * s) or float-zero forms.
+    dequant_roundings: c_w, 1 for (q - z) * s, 2 for q * s + (-z * s) or float-zero forms; None
+                   (the default) when not declared: a case that fails the one-rounding bound but
+                   passes the two-rounding one passes, with a note naming the declaration to make.
     can_implement: optional extra gate, case -> (ok, reason).
     writes_out:    the kernel takes a keyword `out` (x.dtype [M, N]) and fills it; the harness
                    fills it with NaN first, so an element the kernel never writes cannot pass.
+    deterministic: repeated calls give the same bits (the harness calls twice and compares); False
+                   for kernels that add partial sums with atomics by design.
+    batch_invariant: opt in to checking that each row of an M-row call equals that row called alone.
+    act_order:     the kernel takes act-order weights: it is called with a keyword `g_idx` (int32
+                   [K], the group of each input channel, as GPTQ stores it) and the weight and
+                   zero points in the channel order of x; act-order cases go to such kernels only.
     """
 
     name: str
@@ -54,17 +62,25 @@ class KernelSpec:
     group_sizes: tuple[int, ...] = (32, 64, 128, -1)
     max_m: int | None = None
     dequant_dtype: torch.dtype | str | None = "activation"
-    dequant_roundings: int = 1
+    dequant_roundings: int | None = None
     can_implement: Callable[[Case], tuple[bool, str]] | None = None
     writes_out: bool = False
+    deterministic: bool = True
+    batch_invariant: bool = False
+    act_order: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_layout not in WEIGHT_LAYOUTS:
             raise LayoutError(f"{self.name}: weight_layout: expected one of {WEIGHT_LAYOUTS}, got {self.weight_layout!r}")
         if self.zero_layout not in ZERO_LAYOUTS:
             raise LayoutError(f"{self.name}: zero_layout: expected one of {ZERO_LAYOUTS}, got {self.zero_layout!r}")
+        if self.dequant_roundings not in (None, 1, 2):
+            raise LayoutError(f"{self.name}: dequant_roundings: expected None (not declared), 1 or 2, "
+                              f"got {self.dequant_roundings!r}")
 
     def supports(self, case: Case) -> tuple[bool, str]:
+        if case.act_order and not self.act_order:
+            return False, "act-order weights (declare act_order=True to take g_idx)"
         if case.dtype not in self.dtypes:
             return False, f"dtype {case.dtype} not in {self.dtypes}"
         if case.group_size not in self.group_sizes:
@@ -79,9 +95,11 @@ class KernelSpec:
         return act_dtype if self.dequant_dtype == "activation" else self.dequant_dtype
 
     def prepare(self, w: QuantizedWeight, act_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(weight, scales, zeros) in this spec's layouts; scales in `act_dtype`."""
-        if w.has_act_order:
-            raise LayoutError(f"{self.name}: act-order weights are not part of the kernel calling convention")
+        """(weight, scales, zeros) in this spec's layouts; scales in `act_dtype`. An act-order
+        weight keeps the channel order of x (its g_idx goes to the kernel separately)."""
+        if w.has_act_order and not self.act_order:
+            raise LayoutError(f"{self.name}: act-order weights need a spec with act_order=True (the kernel then "
+                              "takes g_idx)")
         scales = w.scales.to(act_dtype).contiguous()
         if self.weight_layout in ("awq", "gptq"):
             t = to_awq(w.with_scales(scales)) if self.weight_layout == "awq" else to_gptq(w.with_scales(scales), 2)

@@ -5,6 +5,12 @@ Scales are m * 2^e with m in 8..15 (4 significant bits), so each weight (q - z) 
 1. A one-hot row at k then gives y = W[:, k] exactly, whatever the accumulation order; a
 group-indicator row gives s * sum(q - z) over the group, exact in fp32 (at most 24 bits) and
 rounded once; a zero row gives y = bias. A probe mismatch is a bug, never rounding.
+
+A second weight (`fine_scale_probe_weight`, fp16 only) has scales with all 11 significant bits of
+fp16 and q, z in {0, 4, 8}, so every intermediate of every correct dequant form ((q - z) * s,
+q * s + (-z * s), (q - 8) * s + (8 - z) * s) is exact in fp16 but not in bf16: a kernel that rounds
+scales through bf16 fails it. A mismatch pins the output row, the input channel and the
+group, and `localize` turns the pattern into words ("row 37, group 5: the zero point acts as z+1").
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import torch
 
 from .canonical import QuantizedWeight, resolve_group_size
 from .errors import LayoutError, describe
+from .quantize import act_order_g_idx
 from .reference import reference_matmul
 
 # One-hot rows cost an [R, N] output each; above this many output elements the sweep samples K.
@@ -33,22 +40,57 @@ def probe_scales(n: int, groups: int, group_size: int, dtype: torch.dtype,
     return (mant * torch.exp2(exp)).to(dtype)
 
 
-def probe_weight(n: int, k: int, group_size: int, symmetric: bool, scale_dtype: torch.dtype,
-                 generator: torch.Generator | None = None) -> QuantizedWeight:
+def _groups(k: int, group_size: int, act_order: bool, generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
+    """(number of groups, act-order g_idx or None) of a probe weight."""
     g = resolve_group_size(group_size, k)
+    if act_order:
+        return math.ceil(k / g), act_order_g_idx(k, group_size, generator)
     if k % g:
         raise LayoutError(f"group_size: expected a divisor of K={k} (or -1), got {group_size}")
+    return k // g, None
+
+
+def probe_weight(n: int, k: int, group_size: int, symmetric: bool, scale_dtype: torch.dtype,
+                 generator: torch.Generator | None = None, act_order: bool = False) -> QuantizedWeight:
+    """Random q and z with 4-significant-bit scales (`probe_scales`); act_order: groups follow a
+    random act-order g_idx."""
+    groups, g_idx = _groups(k, group_size, act_order, generator)
     q = torch.randint(0, 16, (n, k), generator=generator, dtype=torch.uint8)
-    zeros = None if symmetric else torch.randint(0, 16, (n, k // g), generator=generator, dtype=torch.uint8)
-    return QuantizedWeight(q, probe_scales(n, k // g, g, scale_dtype, generator), zeros, group_size)
+    zeros = None if symmetric else torch.randint(0, 16, (n, groups), generator=generator, dtype=torch.uint8)
+    scales = probe_scales(n, groups, resolve_group_size(group_size, k), scale_dtype, generator)
+    return QuantizedWeight(q, scales, zeros, group_size, g_idx)
 
 
-def one_hot_channels(weight: QuantizedWeight, generator: torch.Generator | None = None) -> torch.Tensor:
-    """int64 [R]: the input channels to probe. Every channel when the [K, N] sweep is affordable;
-    otherwise, per group, its first and last channel and one aligned run of 8 (every nibble
-    position of one packed word), so every zero point and scale is still reached."""
+# q and z of the fine-scale probe: q, z, q - z, q - 8 and 8 - z are all 0 or a power of two, so each
+# of them times s keeps s's significant bits.
+FINE_VALUES = (0, 4, 8)
+
+
+def fine_scale_probe_weight(n: int, k: int, group_size: int, symmetric: bool,
+                            generator: torch.Generator | None = None, act_order: bool = False) -> QuantizedWeight:
+    """fp16 scales with 11 significant bits (exact in fp16, not in bf16) and q, z in FINE_VALUES, so
+    every weight and every intermediate of the common dequant forms is exact in fp16; the group sums
+    (at most 8 G |s|) stay finite and exact in fp32."""
+    g = resolve_group_size(group_size, k)
+    groups, g_idx = _groups(k, group_size, act_order, generator)
+    values = torch.tensor(FINE_VALUES, dtype=torch.uint8)
+    zeros = torch.full((n, groups), 8, dtype=torch.uint8) if symmetric else \
+        values[torch.randint(0, len(FINE_VALUES), (n, groups), generator=generator)]
+    q = values[torch.randint(0, len(FINE_VALUES), (n, k), generator=generator)]
+    e_max = min(-4, math.floor(14 - math.log2(g * 8 * 2048)))
+    mant = torch.randint(1024, 2048, (n, groups), generator=generator).double()
+    exp = torch.randint(e_max - 3, e_max + 1, (n, groups), generator=generator).double()
+    scales = (mant * torch.exp2(exp - 10)).to(torch.float16)
+    return QuantizedWeight(q, scales, None if symmetric else zeros, group_size, g_idx)
+
+
+def one_hot_channels(weight: QuantizedWeight, generator: torch.Generator | None = None,
+                     sample: bool = False) -> torch.Tensor:
+    """int64 [R]: the input channels to probe. Every channel when the [K, N] sweep is affordable
+    (and `sample` is off); otherwise, per group, its first and last channel and one aligned run of
+    8 (every nibble position of one packed word), so every zero point and scale is still reached."""
     k = weight.k
-    if k * weight.n <= FULL_SWEEP_ELEMENTS:
+    if k * weight.n <= FULL_SWEEP_ELEMENTS and not sample:
         return torch.arange(k)
     gi = weight.group_index().cpu()
     picks = []
@@ -61,22 +103,35 @@ def one_hot_channels(weight: QuantizedWeight, generator: torch.Generator | None 
 
 @dataclass(frozen=True)
 class ProbeMismatch:
-    probe: str
+    """One wrong output element: probe kind ("one-hot", "group", "bias", with "fine-scale " before
+    it for the fine-scale weight), its channel k or group g (-1 for the bias row), output row n."""
+
+    kind: str
+    index: int
     col: int
     got: float
     expected: float
 
     def __str__(self) -> str:
-        return f"{self.probe}, n={self.col}: got {self.got!r} expected {self.expected!r}"
+        what = {"one-hot": f"one-hot k={self.index}", "group": f"group indicator g={self.index}"}.get(
+            self.kind.removeprefix("fine-scale "), "zero row + bias")
+        prefix = "fine-scale " if self.kind.startswith("fine-scale ") else ""
+        return f"{prefix}{what}, n={self.col}: got {self.got!r} expected {self.expected!r}"
+
+
+# Mismatches kept per probe run for localization (the count is always exact).
+MAX_KEPT = 4096
 
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """rows: probe rows run; mismatches: output elements that differ from the exact value."""
+    """rows: probe rows run; mismatches: output elements that differ from the exact value;
+    examples: the first few; located: what the mismatch pattern pins down, in words."""
 
     rows: int
     mismatches: int
     examples: list[ProbeMismatch] = field(default_factory=list)
+    located: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -85,20 +140,30 @@ class ProbeResult:
     def summary(self) -> str:
         head = "PASS" if self.passed else "FAIL"
         text = f"{head}: {self.rows} probe rows, {self.mismatches} mismatching elements"
+        if self.located:
+            text += "\n  located: " + "\n  located: ".join(self.located)
         if self.examples:
             text += "\n  " + "\n  ".join(str(e) for e in self.examples)
         return text
 
+    def merged(self, other: "ProbeResult", max_examples: int = 8) -> "ProbeResult":
+        return ProbeResult(self.rows + other.rows, self.mismatches + other.mismatches,
+                           (self.examples + other.examples)[:max_examples], self.located + other.located)
+
 
 @dataclass(frozen=True)
 class ProbeSet:
-    """x: activation dtype [R, K]; labels: one description per row; bias: [N] or None;
-    channels: int64 [R] for one-hot rows (row r is 1 at channel channels[r]), else None."""
+    """x: activation dtype [R, K]; kind: "one-hot", "group" or "bias"; index: int64 [R], each
+    row's channel k (one-hot), group g (group) or -1; bias: [N] or None."""
 
     x: torch.Tensor
-    labels: list[str]
+    kind: str
+    index: torch.Tensor
     bias: torch.Tensor | None
-    channels: torch.Tensor | None = None
+
+    @property
+    def channels(self) -> torch.Tensor | None:
+        return self.index if self.kind == "one-hot" else None
 
     def expected(self, weight: QuantizedWeight, start: int, stop: int) -> torch.Tensor:
         """The exact outputs of rows start..stop, rounded once to x.dtype. A one-hot row's output
@@ -113,32 +178,32 @@ class ProbeSet:
 
 
 def build_probes(weight: QuantizedWeight, dtype: torch.dtype, bias: torch.Tensor | None = None,
-                 generator: torch.Generator | None = None) -> list[ProbeSet]:
+                 generator: torch.Generator | None = None, sample: bool = False) -> list[ProbeSet]:
     """One-hot rows (no bias), group-indicator rows (no bias), and a zero row with the bias."""
     device = weight.q.device
-    ks = one_hot_channels(weight, generator)
+    ks = one_hot_channels(weight, generator, sample)
     one_hot = torch.zeros(ks.numel(), weight.k, dtype=dtype, device=device)
     one_hot[torch.arange(ks.numel()), ks.to(device)] = 1
     gi = weight.group_index()
     groups = torch.arange(weight.num_groups, device=device)
     indicator = (gi.unsqueeze(0) == groups.unsqueeze(1)).to(dtype)
-    sets = [
-        ProbeSet(one_hot, [f"one-hot k={k}" for k in ks.tolist()], None, ks),
-        ProbeSet(indicator, [f"group indicator g={g}" for g in range(weight.num_groups)], None),
-    ]
+    sets = [ProbeSet(one_hot, "one-hot", ks, None), ProbeSet(indicator, "group", groups.cpu(), None)]
     if bias is not None:
-        sets.append(ProbeSet(torch.zeros(1, weight.k, dtype=dtype, device=device), ["zero row + bias"], bias))
+        sets.append(ProbeSet(torch.zeros(1, weight.k, dtype=dtype, device=device), "bias", torch.tensor([-1]), bias))
     return sets
 
 
 def run_probes(kernel: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor], weight: QuantizedWeight,
                dtype: torch.dtype, bias: torch.Tensor | None = None, max_m: int = 4096,
-               generator: torch.Generator | None = None, max_examples: int = 8) -> ProbeResult:
+               generator: torch.Generator | None = None, max_examples: int = 8, sample: bool = False,
+               label: str = "") -> ProbeResult:
     """Run every probe through `kernel(x [R, K], bias [N] | None) -> [R, N]`, at most `max_m`
-    rows per call, and compare each element with the exact value (-0.0 equals 0.0)."""
+    rows per call, and compare each element with the exact value (-0.0 equals 0.0). sample: probe
+    a sample of the channels (`one_hot_channels`) even where the full sweep is affordable; label:
+    put before each mismatch's kind ("fine-scale ")."""
     rows = mismatches = 0
-    examples: list[ProbeMismatch] = []
-    for ps in build_probes(weight, dtype, bias, generator):
+    kept: list[ProbeMismatch] = []
+    for ps in build_probes(weight, dtype, bias, generator, sample):
         for start in range(0, ps.x.shape[0], max_m):
             x = ps.x[start:start + max_m]
             expected = ps.expected(weight, start, start + x.shape[0])
@@ -149,6 +214,52 @@ def run_probes(kernel: Callable[[torch.Tensor, torch.Tensor | None], torch.Tenso
             same = (got == expected) | (torch.isnan(got) & torch.isnan(expected))
             rows += x.shape[0]
             mismatches += int((~same).sum())
-            for r, c in (~same).nonzero()[: max_examples - len(examples)].tolist():
-                examples.append(ProbeMismatch(ps.labels[start + r], c, float(got[r, c]), float(expected[r, c])))
-    return ProbeResult(rows, mismatches, examples)
+            for r, c in (~same).nonzero()[: MAX_KEPT - len(kept)].tolist():
+                kept.append(ProbeMismatch(label + ps.kind, int(ps.index[start + r]), c, float(got[r, c]),
+                                          float(expected[r, c])))
+    return ProbeResult(rows, mismatches, kept[:max_examples], localize(kept, weight))
+
+
+def localize(mismatches: list[ProbeMismatch], weight: QuantizedWeight, max_lines: int = 8) -> list[str]:
+    """The mismatch pattern in words, per output row: a zero point off by d (every probed channel
+    of one group off by d * s), two channels of one word exchanged, a scale off by a factor (and
+    whether that factor is a rounding to bfloat16), a wrong bias; otherwise the channels at fault."""
+    lines: list[str] = []
+    one_hot: dict[tuple[str, int], list[ProbeMismatch]] = {}
+    one_hot_cols = {m.col for m in mismatches if m.kind.endswith("one-hot")}
+    for m in mismatches:
+        prefix = "fine-scale " if m.kind.startswith("fine-scale ") else ""
+        if m.kind.endswith("one-hot"):
+            one_hot.setdefault((prefix, m.col), []).append(m)
+        elif m.kind.endswith("bias"):
+            lines.append(f"{prefix}row {m.col}: the bias came out as {m.got!r} instead of {m.expected!r}")
+        elif m.col not in one_hot_cols:
+            lines.append(f"{prefix}row {m.col}, group {m.index}: the group's sum is wrong though every probed "
+                         "channel alone is right (a reduction or the scale of a sum)")
+    gi = weight.group_index().cpu()
+    for (prefix, n), items in one_hot.items():
+        ks = sorted(m.index for m in items)
+        got = {m.index: m.got for m in items}
+        want = {m.index: m.expected for m in items}
+        groups = {int(gi[k]) for k in ks}
+        text = None
+        if len(ks) == 2 and ks[0] // 8 == ks[1] // 8 and got[ks[0]] == want[ks[1]] and got[ks[1]] == want[ks[0]]:
+            text = f"k {ks[0]} and {ks[1]} swapped in row {n} (two nibbles of one packed word)"
+        elif len(groups) == 1:
+            g = groups.pop()
+            s = float(weight.scales[n, g])
+            steps = {round((want[k] - got[k]) / s, 6) for k in ks} if s else set()
+            ratios = {got[k] / want[k] for k in ks if want[k] != 0}
+            if len(steps) == 1 and (d := steps.pop()) == int(d) and d != 0:
+                text = f"row {n}, group {g}: the zero point acts as z{int(d):+d}"
+            elif len(ratios) == 1 and all((got[k] == 0) == (want[k] == 0) for k in ks):
+                r = ratios.pop()
+                used = s * r
+                bf16 = float(torch.tensor(s).to(torch.bfloat16))
+                how = " (its bfloat16 rounding)" if used == bf16 else ""
+                text = f"row {n}, group {g}: the scale acts as {used!r} instead of {s!r}{how}"
+        if text is None:
+            shown = ", ".join(f"k {k} gave {got[k]!r} for {want[k]!r}" for k in ks[:4])
+            text = f"row {n}: {len(ks)} channel(s) wrong in group(s) {sorted(groups)[:6]}: {shown}"
+        lines.append(prefix + text)
+    return lines[:max_lines]

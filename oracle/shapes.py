@@ -52,6 +52,8 @@ BOUNDARY_SHAPES: list[LinearShape] = [
     LinearShape("boundary", "km_9856", 9856, 1024),
     LinearShape("boundary", "k38912", 38912, 1024),
     LinearShape("boundary", "k49152", 49152, 1024),
+    # N a multiple of 64 but not of 128: the 64-wide remainder of 128-wide tiles.
+    LinearShape("boundary", "n_4160", 4096, 4160),
 ]
 
 DECODE_BATCHES = (1, 2, 3, 4, 5, 6, 8, 16)

@@ -231,7 +231,7 @@ def random_data_failure(spec: KernelSpec, p: Problem, device: torch.device = DEV
     weight, scales, zeros = spec.prepare(w, p.dtype)
     out = spec.fn(x, weight, scales, zeros, p.group_size, bias)
     ref = reference_matmul(x, w, bias)
-    bounds = dict(dequant_dtype=spec.dequant(p.dtype), dequant_roundings=spec.dequant_roundings)
+    bounds = dict(dequant_dtype=spec.dequant(p.dtype), dequant_roundings=spec.dequant_roundings or 1)
     v = judge(out, ref, baseline=plain_torch_matmul(x, w, bias), **bounds)
     if v.passed and v.hard_violations == 0:
         return None

@@ -18,16 +18,21 @@ def inputs(dtype, seed=0):
     return x, w, bias
 
 
-@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("convention", CONVENTIONS, ids=lambda c: c.name)
+def applicable():
+    """Every convention with every dtype where the mistake changes something (rounding scales
+    through bf16 changes nothing when they are bf16 already)."""
+    return [pytest.param(c, dtype, id=f"{c.name}-{name}") for c in CONVENTIONS for name, dtype in DTYPES.items()
+            if c.apply(*inputs(dtype)) is not None]
+
+
+@pytest.mark.parametrize("convention, dtype", applicable())
 def test_each_known_mistake_is_named(convention, dtype):
     """A kernel making exactly this mistake (computed exactly, then rounded once) is explained by it."""
     x, w, bias = inputs(dtype)
     seen = convention.apply(x, w, bias)
-    assert seen is not None
     out = reference_matmul(*seen).y_out
     d = diagnose(out, x, w, bias, dequant_dtype=dtype)
-    assert d.explained_by and d.explained_by[0] == convention.name, d
+    assert d.names and d.names[0] == convention.name, d
     assert convention.name in d.summary()
 
 
@@ -40,7 +45,7 @@ def test_unpacked_zeros_misread_is_named_with_an_odd_group_count():
     seen = convention.apply(x, w, None)
     assert seen is not None
     d = diagnose(reference_matmul(*seen).y_out, x, w, None, dequant_dtype=torch.float16)
-    assert d.explained_by[:1] == [convention.name], d
+    assert d.names[:1] == [convention.name], d
 
 
 @pytest.mark.parametrize("variant", CORRECT, ids=lambda v: v.name)
