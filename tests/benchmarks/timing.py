@@ -1,7 +1,10 @@
-"""Per-call time of a short GPU call as DESIGN.md section 5 measures it: a CUDA graph of many
-back-to-back calls, each on its own cold weight copy, median replay time / calls. Also the
-secondary measurement (one call between events after an L2 flush) and the two rates the floors
-divide by (HBM bandwidth, dense bf16 FLOP/s), measured on the GPU in hand."""
+"""GPU timing for the benchmarks and the control mode, as DESIGN.md section 5 measures it.
+
+The headline: a CUDA graph of many back-to-back calls, each on its own cold weight copy, median
+replay time / calls. Also the secondary measurement (one call between events after an L2 flush)
+and the two rates the floors divide by (HBM bandwidth, dense bf16 FLOP/s), measured on the GPU in
+hand. Every function here needs a CUDA (or ROCm) device.
+"""
 
 from __future__ import annotations
 

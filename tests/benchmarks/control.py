@@ -1,16 +1,25 @@
 """Control mode: two implementations timed interleaved in one process, on the same inputs and
 the same cold weights, so a verdict rests on a same-run comparison and not on stale goldens.
 
-    python bench/control.py baseline:triton triton --baseline-tree /tmp/base --out out/control
-    python bench/control.py baseline:hybrid hybrid --baseline-tree /tmp/base --m 1,16,4096
-    python bench/control.py tinygemm triton --m 1,2,4,8,16              # two providers of this tree
+    python3 -m tests.benchmarks.control baseline:triton triton --baseline-tree /tmp/base --out out/control
+    python3 -m tests.benchmarks.control baseline:skinny skinny --baseline-tree /tmp/base --m 1,4,16
+    python3 -m tests.benchmarks.control baseline:hybrid hybrid --baseline-tree /tmp/base --m 1,16,4096
+    python3 -m tests.benchmarks.control tinygemm triton --m 1,2,4,8,16       # two providers of this tree
+    python3 -m tests.benchmarks.control skinny@ring skinny@stream --m 5,8     # two forced kernels
 
     git worktree add /tmp/base <commit>     # one way to get a baseline tree
 
-An implementation is a provider of tests/benchmarks/providers.py (this tree), or
-`baseline:triton` / `baseline:hybrid`: the same provider built from the baseline tree's
-`optimized` package, imported as `w4a16_baseline.optimized` (its __init__ is not run; absolute
-imports such as `oracle` resolve to this tree).
+An implementation is a provider of tests/benchmarks/providers.py (this tree, forced choices such
+as triton@<tile> included), or `baseline:triton`, `baseline:skinny`, `baseline:hybrid`: the same
+provider built from the baseline tree's own `optimized` package. That package is copied (once per
+content, into the build cache) with its ops renamed, w4a16:: -> w4a16_baseline::, in its Python
+(strings and torch.ops calls) and its C++ (the TORCH_LIBRARY macros and op-name strings), and its
+skinny extension is built under another name, so both trees' ops and kernels live side by side in
+one process. The copy is imported as `w4a16_baseline.optimized` (its __init__ is not run;
+absolute imports such as `oracle` resolve to this tree). The baseline is driven only through its
+own `triton_w4a16.w4a16_matmul`, `skinny.skinny_matmul` and `hybrid.prepare` / `hybrid.matmul`
+with their defaults (skinny with overlap="weights", as this tree's provider), so a baseline from
+before or after a change of those modules' other arguments works alike.
 
 Per cell (shape, M, dtype, symmetry) both get cold copies of one weight and the same x, are
 checked by the oracle, and get one CUDA graph each (as in tests/benchmarks). Then they alternate,
@@ -18,24 +27,20 @@ A B, B A, A B, ... for --repeats pairs, each turn the median of --replays replay
 B / A per pair (< 1: B is faster) gives the cell's median ratio and its spread (min, max over
 pairs, and the largest deviation from the median in %: the noise estimate). Verdict: "faster" or
 "slower" only when every pair agrees and the median is more than NOISE_FLOOR from 1.
-
-Limit: the skinny kernel's op (w4a16::skinny_matmul, registered at import, implemented in
-compiled C++) exists once per process, so `baseline:skinny` is refused, and the baseline's
-hybrid runs THIS tree's skinny kernel (its own dispatch, thresholds and Triton kernel). The
-baseline's Python-defined ops are renamed at import (w4a16:: -> w4a16_baseline::) so they do
-not clash with this tree's; a baseline module that calls torch.ops.w4a16.skinny_matmul directly
-(instead of through optimized.skinny) would fail, and says so in its cell.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import json
 import math
+import re
+import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -45,50 +50,85 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.compilers import built_once
 
-from bench.cuda_timing import capture_graph, event_seconds, replay_seconds  # noqa: E402
-from tests.benchmarks.matrix import SYMMETRY, parse_m, parse_names, parse_shapes  # noqa: E402
-from tests.benchmarks.measure import (TARGET_REPLAY_S, MAX_GRAPH_CALLS, Workspace, check, copies_for,  # noqa: E402
-                                      group_of)
-from tests.benchmarks.providers import DTYPES, PROVIDERS, Provider  # noqa: E402
+from .matrix import SYMMETRY, SelectionError, parse_m, parse_names, parse_shapes
+from .measure import MAX_GRAPH_CALLS, TARGET_REPLAY_S, Workspace, check, copies_for, group_of
+from .providers import DTYPES, PROVIDERS, Provider, expand, resolve
+from .timing import capture_graph, event_seconds, replay_seconds
 
 ALIAS = "w4a16_baseline"
-BASELINE_PROVIDERS = ("triton", "hybrid")
-# Op namespaces the baseline's own Python code registers and calls, renamed so that both trees'
-# ops live side by side.
-RENAMES = (('"w4a16::', f'"{ALIAS}::'), ("'w4a16::", f"'{ALIAS}::"), ("torch.ops.w4a16.", f"torch.ops.{ALIAS}."))
+BASELINE_PROVIDERS = ("triton", "skinny", "hybrid")
+# The baseline's own Python: the op namespace in schema strings and torch.ops calls, and the
+# skinny extension's name, renamed so that both trees' ops and builds live side by side.
+PY_RENAMES = (('"w4a16::', f'"{ALIAS}::'), ("'w4a16::", f"'{ALIAS}::"), ("torch.ops.w4a16.", f"torch.ops.{ALIAS}."),
+              ('"w4a16_skinny"', f'"{ALIAS}_skinny"'))
+# The baseline's C++: TORCH_LIBRARY(w4a16, ...), TORCH_LIBRARY_IMPL(w4a16, ...), ..._FRAGMENT, and
+# op names in strings.
+CPP_LIBRARY = re.compile(r"\b(TORCH_LIBRARY(?:_IMPL|_FRAGMENT)?\s*\(\s*)w4a16(\s*,)")
+CPP_SUFFIXES = (".cpp", ".cu", ".cuh", ".h", ".hpp")
 NOISE_FLOOR = 0.01
 Timer = Callable[[list[Callable[[], object]]], Callable[[], float]]
 
 
-class _RenamingLoader(importlib.abc.Loader):
-    """Executes a baseline source file with RENAMES applied; writes no bytecode (a cached .pyc
-    of renamed code would be picked up by a normal import of that tree)."""
+def rename_python(text: str) -> str:
+    for old, new in PY_RENAMES:
+        text = text.replace(old, new)
+    return text
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
 
-    def create_module(self, spec):
-        return None
+def rename_cpp(text: str) -> str:
+    return CPP_LIBRARY.sub(rf"\g<1>{ALIAS}\g<2>", text).replace('"w4a16::', f'"{ALIAS}::')
 
-    def exec_module(self, module: types.ModuleType) -> None:
-        text = self.path.read_text()
-        for old, new in RENAMES:
-            text = text.replace(old, new)
-        exec(compile(text, str(self.path), "exec", dont_inherit=True), module.__dict__)
+
+def package_files(tree: Path) -> list[Path]:
+    """The files of tree/optimized a baseline copy holds (no bytecode, no hipify output)."""
+    root = tree / "optimized"
+    return sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                  and not re.search(r"_hip\.|\.hip$", p.name))
+
+
+def baseline_copy(tree: Path) -> Path:
+    """tree/optimized copied with the renames applied (Python and C++), in the build cache
+    (tests/support/compilers.py: one copy per content, so the skinny extension's build directory
+    is reused by later runs against the same baseline). Returns the copied `optimized` folder."""
+    tree = tree.resolve()
+    files = package_files(tree)
+
+    def build(folder: Path) -> None:
+        for src in files:
+            dst = folder / "optimized" / src.relative_to(tree / "optimized")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.suffix == ".py":
+                dst.write_text(rename_python(src.read_text()))
+            elif src.suffix in CPP_SUFFIXES:
+                dst.write_text(rename_cpp(src.read_text()))
+            else:
+                shutil.copyfile(src, dst)
+
+    recipe = repr((PY_RENAMES, CPP_LIBRARY.pattern, [str(f.relative_to(tree)) for f in files]))
+    return built_once("w4a16-baseline", files, recipe, build) / "optimized"
 
 
 class _BaselineFinder(importlib.abc.MetaPathFinder):
-    def __init__(self, tree: Path) -> None:
-        self.tree = tree
+    """Imports `w4a16_baseline.optimized.X` from the renamed copy; writes no bytecode there."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
 
     def find_spec(self, name, path, target=None):
         prefix = f"{ALIAS}.optimized."
         if not name.startswith(prefix):
             return None
-        file = self.tree / "optimized" / (name[len(prefix):].replace(".", "/") + ".py")
-        return importlib.util.spec_from_file_location(name, file, loader=_RenamingLoader(file)) if file.exists() else None
+        file = self.folder / (name[len(prefix):].replace(".", "/") + ".py")
+        if not file.exists():
+            return None
+        return importlib.util.spec_from_file_location(name, file, loader=_SourceLoader(name, str(file)))
+
+
+class _SourceLoader(importlib.machinery.SourceFileLoader):
+    def set_data(self, path, data, *, _mode=0o666):  # no .pyc beside the copy
+        return None
 
 
 def load_baseline(tree: Path) -> str:
@@ -96,37 +136,41 @@ def load_baseline(tree: Path) -> str:
     process); returns that package name."""
     tree = tree.resolve()
     package = f"{ALIAS}.optimized"
-    loaded = sys.modules.get(package)
-    if loaded is not None:
-        if Path(loaded.__path__[0]) != tree / "optimized":
-            raise ValueError(f"a baseline from {loaded.__path__[0]} is already loaded in this process")
-        return package
     if not (tree / "optimized" / "triton_w4a16.py").exists():
         raise ValueError(f"{tree} has no optimized/triton_w4a16.py: not a w4a16-oracle tree")
+    loaded = sys.modules.get(package)
+    if loaded is not None:
+        if getattr(loaded, "__baseline_tree__", None) != tree:
+            raise ValueError(f"a baseline from {loaded.__baseline_tree__} is already loaded in this process")
+        return package
+    folder = baseline_copy(tree)
     root, pkg = types.ModuleType(ALIAS), types.ModuleType(package)
-    root.__path__, pkg.__path__ = [], [str(tree / "optimized")]
+    root.__path__, pkg.__path__ = [], [str(folder)]
+    pkg.__baseline_tree__ = tree
     sys.modules[ALIAS], sys.modules[package] = root, pkg
-    # The one skinny op of this process (see the module docstring).
-    sys.modules[f"{package}.skinny"] = importlib.import_module("optimized.skinny")
-    sys.meta_path.insert(0, _BaselineFinder(tree))
+    sys.meta_path.insert(0, _BaselineFinder(folder))
     return package
 
 
 def implementation(spec: str, baseline_tree: Path | None) -> Provider:
-    """'triton' (this tree's provider) or 'baseline:triton' (built from the baseline tree)."""
+    """'triton', 'skinny@ring' (this tree's providers) or 'baseline:triton' (built from the baseline tree)."""
     name = spec.removeprefix("baseline:")
-    if name not in PROVIDERS:
-        raise ValueError(f"{spec!r}: unknown provider, choose from {list(PROVIDERS)}")
+    try:
+        names = expand(name)
+    except ValueError as e:
+        raise ValueError(f"{spec!r}: {e}; choose from {list(PROVIDERS)} or a forced choice") from None
+    if names != [name]:
+        raise ValueError(f"{spec!r} names {len(names)} providers ({', '.join(names[:3])}, ...): name one")
     if name == spec:
-        return PROVIDERS[name]
+        return resolve(name)
     if name not in BASELINE_PROVIDERS:
-        raise ValueError(f"{spec!r}: a baseline tree can provide {BASELINE_PROVIDERS} only "
-                         "(skinny's op exists once per process)")
+        raise ValueError(f"{spec!r}: a baseline tree provides {['baseline:' + p for p in BASELINE_PROVIDERS]} only")
     if baseline_tree is None:
         raise ValueError(f"{spec!r} needs --baseline-tree")
     package = load_baseline(baseline_tree)
     build = PROVIDERS[name].build
-    return dataclasses.replace(PROVIDERS[name], name=spec, module=None,
+    # The baseline's own skinny kernel decides whether it can run (the first call builds it).
+    return dataclasses.replace(PROVIDERS[name], name=spec, module=None, available=None,
                                build=lambda w, dtype: build(w, dtype, package=package))
 
 
@@ -162,10 +206,11 @@ def interleave(time_a: Callable[[], float], time_b: Callable[[], float], repeats
             "ratios": ratios}
 
 
-def compare(a: Provider, b: Provider, cells: list[tuple], device: str, timer: Callable, repeats: int,
+def compare(a: Provider, b: Provider, cells: list[tuple], device: str, timer: Timer, repeats: int,
             cold: bool, deadline: float | None = None, log=print) -> list[dict]:
     """cells: (shape, M, dtype, symmetric). timer(fns) -> a function giving per-call seconds.
-    cold: make cold copies (GPU); otherwise one copy each."""
+    cold: make cold copies (GPU); otherwise one copy each. Each implementation's output is judged
+    before it is timed; a wrong one (or any error) is the cell's result, recorded in "error"."""
     ws, rows = Workspace(device), []
     for shape, m, dtype, symmetric in cells:
         row = {"shape": shape.id, "m": m, "dtype": dtype, "sym": "sym" if symmetric else "asym", "a": a.name,
@@ -201,7 +246,8 @@ def format_row(r: dict) -> str:
 
 
 def markdown(rows: list[dict], argv: list[str]) -> str:
-    lines = ["# Control: B / A, interleaved in one process", "", f"`python bench/control.py {' '.join(argv)}`", "",
+    lines = ["# Control: B / A, interleaved in one process", "",
+             f"`python3 -m tests.benchmarks.control {shlex.join(argv)}`", "",
              "| shape | M | dtype | sym | A us | B us | B/A | min | max | noise % | verdict |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -217,18 +263,19 @@ def markdown(rows: list[dict], argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python3 -m tests.benchmarks.control", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", help="implementation A (the reference of the ratio), e.g. baseline:triton")
     parser.add_argument("b", help="implementation B, e.g. triton")
     parser.add_argument("--baseline-tree", type=Path, default=None, help="checkout providing baseline:NAME")
     parser.add_argument("--shapes", default="default", help="as --bench-shapes (default: the Llama shapes)")
     parser.add_argument("--m", default="1,4,16,256,4096", help="as --bench-m")
-    parser.add_argument("--dtypes", default="bf16")
-    parser.add_argument("--sym", default="asym")
+    parser.add_argument("--dtypes", default="bf16", help="as --bench-dtypes")
+    parser.add_argument("--sym", default="asym", help="as --bench-sym")
     parser.add_argument("--repeats", type=int, default=6, help="A/B pairs per cell")
     parser.add_argument("--replays", type=int, default=5, help="graph replays per turn (median)")
-    parser.add_argument("--budget-s", type=float, default=480.0, help="start no cell after this many seconds")
-    parser.add_argument("--out", type=Path, default=Path("out/control"))
+    parser.add_argument("--budget-s", type=float, default=480.0, help="start no cell after this many seconds (0: none)")
+    parser.add_argument("--out", type=Path, default=Path("out/control"), help="folder for control.json and control.md")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("the control mode times on a GPU")
@@ -237,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes, ms = parse_shapes(args.shapes), parse_m(args.m)
         dtypes = parse_names(args.dtypes, list(DTYPES), "--dtypes")
         syms = [SYMMETRY[s] for s in parse_names(args.sym, list(SYMMETRY), "--sym")]
-    except ValueError as e:
+    except (ValueError, SelectionError) as e:
         parser.error(str(e))
     cells = [(s, m, d, y) for s in shapes for d in dtypes for y in syms for m in ms
              if a.valid(s, m, d) and b.valid(s, m, d)]
