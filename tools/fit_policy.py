@@ -60,8 +60,8 @@ def ratio_by_m(cells: dict, a: str, b: str) -> dict[int, float]:
 
 
 def span(values) -> str:
-    values = list(values)
-    return f"{min(values):.2f}-{max(values):.2f}x" if len(values) > 1 else f"{values[0]:.2f}x"
+    lo, hi = f"{min(values := list(values)):.2f}", f"{max(values):.2f}"
+    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
 
 
 def fit_hybrid(cells: dict, current: policy.HybridThresholds, device: str) -> dict | None:
