@@ -112,8 +112,10 @@ def fit_triton(cells: dict, table, device: str) -> list[dict]:
         summary = (f"{device}, {len({k[0] for k in keys})} shapes x M {','.join(map(str, ms))}: {score:.1f}% of the "
                    f"floor (geometric mean)" + (f" against {others[0][0]:.1f}% for {others[0][1]}" if others else "")
                    + (f" and {table_score:.1f}% for the table before" if table_score else ""))
+        every = set().union(*(set(p) for p in pcts.values()))
+        left_out = sorted(t for t, p in pcts.items() if not every <= set(p))
         out.append({"bucket": index, "max_m": hi, "tile": tile, "score": score, "summary": summary,
-                    "candidates": len(pcts)})
+                    "candidates": len(pcts), "left_out": left_out})
     return out
 
 
@@ -171,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     for t in triton:
         before = current.triton.buckets[t["bucket"]][1].id
         lines.append(f"- triton M<={t['max_m'] if t['max_m'] is not None else 'any'}: {before} -> {t['tile']} "
-                     f"(of {t['candidates']} candidates): {t['summary']}")
+                     f"(of {t['candidates']} candidates; left out, missing cells that others have: "
+                     f"{', '.join(t['left_out']) or 'none'}): {t['summary']}")
     if skinny:
         lines.append(f"- skinny thresholds, scored: {skinny['summary']}")
         lines += [f"  - M={m}: {v['geomean']:.3f}x, worst {v['worst']:.3f}x ({v['cells']} cells)" for m, v in skinny["by_m"].items()]

@@ -2,7 +2,7 @@
 
     pytest tests/benchmarks/test_matmul.py --benchmark-only --bench-m decode \
         --bench-providers triton,triton@decode --benchmark-json=out/sweep.json
-    python3 tools/fit_policy.py out/sweep.json        # the winner of each M bucket
+    python3 -m tools.fit_policy out/sweep.json        # the winner of each M bucket
 
 Each group holds the tiles worth timing over one M range; a group's first tiles are the ones the
 device tables use now, so a sweep always measures them beside the alternatives. split_k is an
