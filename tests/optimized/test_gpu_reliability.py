@@ -98,7 +98,8 @@ def columns_weight(p: Packed, cols: torch.Tensor) -> QuantizedWeight:
 
 def run(kernel: str, x: torch.Tensor, p: Packed) -> torch.Tensor:
     """y = x @ W^T + bias through `kernel`: "triton" (w4a16_matmul) or "hybrid" (the op, on a
-    PreparedWeight holding the same tensors, so it picks its implementation by M)."""
+    PreparedWeight holding the same tensors, so it picks its implementation by M).
+    x: p.scales.dtype [M, K], rows contiguous along K. Returns p.scales.dtype [M, N]."""
     if kernel == "triton":
         return w4a16_matmul(x, p.qweight, p.scales, p.zeros, p.group_size, p.bias)
     return hybrid.matmul(x, PreparedWeight(p.qweight, p.scales, p.zeros, p.group_size, p.n), p.bias)
@@ -244,10 +245,12 @@ REPEATS = 5
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16)  # NaN == NaN and -0.0 != 0.0 when comparing bits
+    """t: fp16/bf16, any shape; its bits as int16 (NaN == NaN and -0.0 != 0.0 when comparing bits)."""
+    return t.view(torch.int16)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    """a, b: fp16/bf16 outputs of one shape; fails naming `what` and the first differing elements."""
     diff = bits(a) != bits(b)
     assert not bool(diff.any()), f"{what}: {int(diff.sum())} elements differ, first at {diff.nonzero()[:3].tolist()}"
 
