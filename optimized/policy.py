@@ -168,3 +168,90 @@ def policy_for(device_name: str) -> Policy:
         if any(m in device_name for m in matches):
             return policy
     return next(policy for _, default, policy in files.values() if default)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting rules: how benchmark timings become the decisions above. tools/fit_policy.py applies
+# them to pytest-benchmark results of tests/benchmarks; they live here so that tests hold them.
+
+import math  # noqa: E402 - this section is appended to the file as a unit
+import re  # noqa: E402
+from collections.abc import Hashable, Iterable, Mapping  # noqa: E402
+
+_TILE_ID = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)p(\d+)(-gemv|-dot|-swap)?(-h)?")
+_TILE_PATHS = {None: "auto", "-gemv": "gemv", "-dot": "dot", "-swap": "dot_swap"}
+
+
+def tile_from_id(text: str) -> TileConfig:
+    """The TileConfig whose `id` is `text` (e.g. "m16n64k128s32w4p4-swap-h"); raises ValueError."""
+    found = _TILE_ID.fullmatch(text)
+    if found is None:
+        raise ValueError(f"{text!r} is not a tile id: expected m<block_m>n<block_n>k<block_k>s<split_k>"
+                         f"w<num_warps>p<num_stages>, then -gemv, -dot or -swap (path) and -h (half dequant)")
+    sizes = [int(v) for v in found.groups()[:6]]
+    return TileConfig(*sizes, path=_TILE_PATHS[found.group(7)], dequant="half" if found.group(8) else "f32")
+
+
+def geometric_mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def skinny_max_m(ratio_by_m: Mapping[int, float]) -> int:
+    """ratio_by_m: M -> skinny time / Triton time at that M (the geometric mean over the shapes).
+    The largest M with skinny faster (ratio < 1) at every measured M up to it; 0 when skinny is
+    slower at the smallest measured M."""
+    best = 0
+    for m in sorted(ratio_by_m):
+        if ratio_by_m[m] >= 1.0:
+            break
+        best = m
+    return best
+
+
+def dense_min_m(ratio_by_m: Mapping[int, float]) -> int | None:
+    """ratio_by_m: M -> dense GEMM time / Triton time at that M (the geometric mean over the
+    shapes). The smallest measured M from which the dense GEMM is faster (ratio < 1) at every
+    larger measured M; None when it is slower at the largest measured M."""
+    first = None
+    for m in sorted(ratio_by_m, reverse=True):
+        if ratio_by_m[m] >= 1.0:
+            break
+        first = m
+    return first
+
+
+def bucket_ranges(table: TileTable) -> list[tuple[int, int | None]]:
+    """(smallest M, largest M or None for any larger) of each bucket of `table`, in its order."""
+    out, lo = [], 1
+    for max_m, _ in table.buckets:
+        out.append((lo, max_m))
+        lo = (max_m or lo) + 1
+    return out
+
+
+def best_tile(pct_by_tile: Mapping[str, Mapping[Hashable, float]]) -> tuple[str, float] | None:
+    """pct_by_tile: tile id -> measured cell -> % of the floor. The tile with the highest geometric
+    mean over the cells, among the tiles measured on every cell that any tile was measured on (a
+    tile missing a cell, e.g. one a time budget cut, is left out); None when no tile qualifies."""
+    cells = set().union(*(set(c) for c in pct_by_tile.values())) if pct_by_tile else set()
+    scores = {tile: geometric_mean(pcts[c] for c in cells) for tile, pcts in pct_by_tile.items()
+              if cells and cells <= set(pcts)}
+    if not scores:
+        return None
+    tile = max(scores, key=lambda t: (scores[t], t))
+    return tile, scores[tile]
+
+
+def choice_score(choice_us: Mapping[Hashable, float], kernel_us: Mapping[Hashable, Mapping[str, float]]) -> dict | None:
+    """How close a policy's choice comes to the fastest kernel. choice_us: cell -> time of the
+    policy's own choice; kernel_us: cell -> kernel -> time of each forced kernel. Over the cells
+    with both: the geometric mean and the worst of choice time / fastest kernel's time (1 is
+    best), the worst cell and the kernel that was fastest there; None when no cell has both."""
+    ratios = {cell: (us / min(kernel_us[cell].values()), min(kernel_us[cell], key=kernel_us[cell].get))
+              for cell, us in choice_us.items() if kernel_us.get(cell)}
+    if not ratios:
+        return None
+    worst = max(ratios, key=lambda c: ratios[c][0])
+    return {"cells": len(ratios), "geomean": geometric_mean(r for r, _ in ratios.values()),
+            "worst": ratios[worst][0], "worst_cell": worst, "fastest_there": ratios[worst][1]}

@@ -7,6 +7,7 @@ import argparse
 import importlib
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -221,8 +222,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import write_report
 
+    # Quoted in the report as the command that regenerates it: input names, not their folders.
+    command = shlex.join(["python3", "-m", "oracle", "report", *(p.name for p in args.inputs), "--out", str(args.out),
+                          *(["--no-plots"] if args.no_plots else [])])
     try:
-        path = write_report(args.inputs, args.out, plots=not args.no_plots)
+        path = write_report(args.inputs, args.out, plots=not args.no_plots, command=command)
     except ModuleNotFoundError as e:
         raise SystemExit(f"report: plots need matplotlib ({e}); pip install 'w4a16-oracle[bench]' or pass --no-plots")
     except ValueError as e:

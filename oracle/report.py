@@ -2,9 +2,12 @@
 
 Reads the `extra_info` each benchmark records (kind "matmul" or "block", provider, shape, M,
 dtype, symmetry, median_us, pct_of_floor, hybrid_impl, tokens_per_s, golden), never the
-parametrize objects. Writes DIR/report.md and, unless told not to, one PNG per (shape, dtype,
-symmetry): speed-up over dense cuBLAS and % of the W4 roofline floor against M. matplotlib is
-imported only to draw (`pip install w4a16-oracle[bench]`), so the oracle works without it.
+parametrize objects, and each file's provenance: the card, versions and roofline
+(`machine_info.w4a16`), the command that ran it (`machine_info.w4a16.command`) and its commit
+(`machine_info.w4a16.commit`, else pytest-benchmark's `commit_info`). Writes DIR/report.md and,
+unless told not to, one PNG per (shape, dtype, symmetry): speed-up over dense cuBLAS and % of the
+W4 roofline floor against M. matplotlib is imported only to draw (`pip install
+w4a16-oracle[bench]`), so the oracle works without it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,18 @@ class Row:
     hybrid_impl: str | None
     golden: str | None
     golden_detail: str | None
+    source: str | None = None  # the name of the file the row came from
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input file: its name, the cells of the report it supplies, the commit and command that
+    produced it (None where it does not record them)."""
+
+    name: str
+    cells: int
+    commit: str | None
+    command: str | None
 
 
 def load(paths: Iterable[Path]) -> tuple[list[Row], list[dict]]:
@@ -52,9 +67,48 @@ def load(paths: Iterable[Path]) -> tuple[list[Row], list[dict]]:
                 impl = ", ".join(f"{layer}: {name}" for layer, name in impl.items())
             row = Row(e["kind"], e["shape"] if e["kind"] == "matmul" else e["model"], int(e["m"]), e["dtype"],
                       e["sym"], e["provider"], float(e["median_us"]), e.get("pct_of_floor"), e.get("floor_us"),
-                      e.get("tokens_per_s"), impl, e.get("golden"), e.get("golden_detail"))
+                      e.get("tokens_per_s"), impl, e.get("golden"), e.get("golden_detail"), Path(path).name)
             rows[(row.kind, row.subject, row.m, row.dtype, row.sym, row.provider)] = row
     return list(rows.values()), machines
+
+
+def sources(paths: Iterable[Path], rows: list[Row]) -> list[Source]:
+    """Each input's provenance, and how many of `rows` (load's merged rows) it supplies."""
+    out = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        w = data.get("machine_info", {}).get("w4a16", {})
+        commit = w.get("commit")
+        info = data.get("commit_info") or {}
+        if commit is None and info.get("id"):
+            commit = info["id"][:7] + ("+" if info.get("dirty") else "")
+        out.append(Source(Path(path).name, sum(r.source == Path(path).name for r in rows), commit, w.get("command")))
+    return out
+
+
+def _range(values: list[float], spec: str) -> str:
+    lo, hi = format(min(values), spec), format(max(values), spec)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def provenance_lines(paths: list[Path], rows: list[Row], machines: list[dict], command: str | None) -> list[str]:
+    """The card and versions (each distinct line once), the rooflines measured, and a table of the
+    inputs with the commit and command behind each: no file system paths, no dates."""
+    infos = [m.get("w4a16", {}) for m in machines]
+    lines = [f"- {text}" for text in dict.fromkeys(
+        ", ".join(f"{k} {w[k]}" for k in ("gpu", "torch", "triton", "cuda", "gemlite") if w.get(k)) for w in infos) if text]
+    roofs = [w["roofline"] for w in infos if w.get("roofline")]
+    if roofs:
+        lines.append(f"- roofline measured in the run{'s' if len(roofs) > 1 else ''}: HBM "
+                     f"{_range([r['bytes_per_s'] / 1e12 for r in roofs], '.2f')} TB/s, dense bf16 "
+                     f"{_range([r['dense_flops'] / 1e12 for r in roofs], '.0f')} TFLOP/s")
+    srcs = sources(paths, rows)
+    lines += ["", "Data (a later file's cell replaces an earlier one's; commit + : with uncommitted changes):", ""]
+    lines += _table(["file", "cells used", "commit", "command"],
+                    [[s.name, str(s.cells), s.commit or "-", f"`{s.command}`" if s.command else "-"] for s in srcs])
+    if command:
+        lines += ["", f"Report: `{command}`"]
+    return lines
 
 
 def _providers(rows: list[Row]) -> list[str]:
@@ -156,27 +210,16 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def machine_lines(machines: list[dict]) -> list[str]:
-    lines = []
-    for info in machines:
-        w = info.get("w4a16", {})
-        roof = w.get("roofline")
-        text = ", ".join(f"{k} {w[k]}" for k in ("gpu", "torch", "triton", "cuda") if w.get(k))
-        if roof:
-            text += (f"; roofline measured in the run: HBM {roof['bytes_per_s'] / 1e12:.2f} TB/s, "
-                     f"dense bf16 {roof['dense_flops'] / 1e12:.0f} TFLOP/s")
-        if text:
-            lines.append(f"- {text}")
-    return lines
-
-
-def write_report(paths: list[Path], out: Path, plots: bool = True) -> Path:
-    """Writes out/report.md (and the PNGs it links); returns the markdown's path."""
+def write_report(paths: list[Path], out: Path, plots: bool = True, command: str | None = None) -> Path:
+    """Writes out/report.md (and the PNGs it links); returns the markdown's path. command: the
+    command that regenerates the report, quoted in it."""
     rows, machines = load(paths)
     if not rows:
         raise ValueError(f"no timed tests/benchmarks results in {[str(p) for p in paths]}")
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["# W4A16 benchmarks", "", "Inputs: " + ", ".join(f"`{p}`" for p in paths), *machine_lines(machines), "",
+    gpus = list(dict.fromkeys(m.get("w4a16", {}).get("gpu") for m in machines if m.get("w4a16", {}).get("gpu")))
+    lines = [f"# W4A16 benchmarks{' on ' + ', '.join(gpus) if gpus else ''}", "",
+             *provenance_lines(paths, rows, machines, command), "",
              "Times are medians of CUDA-graph replays over cold weight copies (per call); the floor is the W4 "
              "problem's: max(bytes / HBM bandwidth, 2MNK / dense bf16 rate).", ""]
     matmul = [r for r in rows if r.kind == "matmul"]

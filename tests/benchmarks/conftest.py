@@ -3,6 +3,7 @@
     pytest tests/benchmarks --benchmark-only --benchmark-json=out/bench.json     # on a GPU
     pytest tests/benchmarks --benchmark-only --bench-m 1,2,3 --bench-shapes llama3.3-70b -k triton
     pytest -n auto                                   # anywhere: each body once, as a smoke test
+    pytest tests/benchmarks --benchmark-only --bench-providers triton@decode,skinny@all   # a tuning sweep
 
 The `--bench-*` options exist when tests/benchmarks (or a file in it) is on the command line;
 the W4A16_BENCH_* environment variables work for any invocation (see matrix.OPTIONS).
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,7 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--update-golden", action="store_true", default=False,
                     help="merge this run's timings into the golden file (env W4A16_BENCH_UPDATE_GOLDEN=1)")
     group.addoption("--bench-golden", default=None,
-                    help=f"golden file (default {golden.GOLDEN_PATH}; env W4A16_BENCH_GOLDEN)")
+                    help="golden file (default fixtures/golden/<the device's policy name>.json; env W4A16_BENCH_GOLDEN)")
 
 
 def option(config: pytest.Config, name: str, env: str):
@@ -86,7 +90,8 @@ class BenchSession:
         budget = option(config, "bench_budget_s", "W4A16_BENCH_BUDGET_S")
         self.budget_s = DEFAULT_BUDGET_S if budget is None else float(budget)
         self.start = time.perf_counter()
-        self.golden_path = Path(option(config, "bench_golden", "W4A16_BENCH_GOLDEN") or golden.GOLDEN_PATH)
+        self.golden_path = Path(option(config, "bench_golden", "W4A16_BENCH_GOLDEN")
+                                or golden.golden_path(self.device_name))
         self.golden = golden.load(self.golden_path)
         self.update_golden = bool(option(config, "update_golden", "W4A16_BENCH_UPDATE_GOLDEN"))
         self.timed: dict[str, dict] = {}
@@ -129,7 +134,8 @@ class BenchSession:
         benchmark.extra_info.update(golden=c.status, golden_detail=c.text, iqr_us=iqr_us)
         if c.regression and not self.update_golden:
             pytest.fail(f"{key}: slower than its golden band: {c.text}. Confirm against the baseline with "
-                        "bench/control.py before updating the goldens (--update-golden).", pytrace=False)
+                        "python3 -m tests.benchmarks.control before updating the goldens (--update-golden).",
+                        pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -146,11 +152,32 @@ def environment() -> dict:
            "cuda": torch.version.cuda, "hip": torch.version.hip}
     if has_gpu():
         env["gpu"] = torch.cuda.get_device_name()
+    gemlite = sys.modules.get("gemlite")  # imported only when its cells ran
+    if gemlite is not None:
+        env["gemlite"] = getattr(gemlite, "__version__", "unknown")
     return env
 
 
+def invocation(config: pytest.Config) -> str:
+    """The command line that ran this session, as the report's provenance quotes it."""
+    return shlex.join([Path(sys.executable).name, "-m", "pytest", *config.invocation_params.args])
+
+
+def commit() -> str | None:
+    """The short commit id of the checkout, with "+" when it has uncommitted changes; None outside git."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+" if dirty else "")
+
+
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
-    machine_info["w4a16"] = environment()
+    machine_info["w4a16"] = environment() | {"command": invocation(config), "commit": commit()}
     state = config.stash.get(STATE, None)
     if state is not None and state._roofline is not None:
         machine_info["w4a16"]["roofline"] = state._roofline.as_dict()

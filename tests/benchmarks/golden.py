@@ -1,4 +1,5 @@
-"""Golden timings: a two-sided band per cell, in fixtures/golden/h200.json.
+"""Golden timings: a two-sided band per cell, one file per device: fixtures/golden/<policy>.json,
+named like the device's policy file (optimized/policies/, e.g. h200.json for an NVIDIA H200).
 
     {"device": "NVIDIA H200", "environment": {...}, "updated": "2025-...",
      "cells": {"matmul/<cell id>": {"median_us": 13.2, "lo_us": 11.9, "hi_us": 14.5}, ...}}
@@ -15,9 +16,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-GOLDEN_PATH = Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "h200.json"
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "golden"
 REL_BAND = 0.10   # graph timings on the H200 repeat within a few percent
 IQR_BANDS = 3.0   # a noisier cell gets a wider band: 3 interquartile ranges of its replays
+
+
+def golden_path(device_name: str) -> Path:
+    """The golden file of the device called `device_name` (torch.cuda.get_device_name())."""
+    from optimized.policy import policy_for
+
+    return GOLDEN_DIR / f"{policy_for(device_name).name}.json"
 
 
 def band(median_us: float, iqr_us: float) -> dict:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from oracle.shapes import BOUNDARY_SHAPES, MODEL_SHAPES, LinearShape, unique_shapes
 
-from .providers import DTYPES, PROVIDERS
+from .providers import DTYPES, PROVIDERS, expand, resolve
 
 ALL_M = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 M_SETS = {"all": ALL_M, "decode": (1, 2, 3, 4, 8, 16), "prefill": (32, 64, 128, 256, 512, 1024, 2048, 4096),
@@ -30,7 +30,9 @@ OPTIONS = {  # selection key -> (pytest option, environment variable, help)
     "m": ("--bench-m", "W4A16_BENCH_M", f"default, decode, prefill, all ({ALL_M}) or comma-separated M"),
     "dtypes": ("--bench-dtypes", "W4A16_BENCH_DTYPES", "comma-separated fp16, bf16, or all"),
     "sym": ("--bench-sym", "W4A16_BENCH_SYM", "comma-separated sym, asym, or all"),
-    "providers": ("--bench-providers", "W4A16_BENCH_PROVIDERS", f"comma-separated of {list(PROVIDERS)}, or all"),
+    "providers": ("--bench-providers", "W4A16_BENCH_PROVIDERS",
+                  f"comma-separated of {list(PROVIDERS)}, all, triton@<tile id or candidate group: decode, mid, "
+                  "prefill, all> and skinny@<kernel or all>"),
 }
 BLOCK_M = (1, 16)
 # Without a GPU: K spans two groups, N one tile; M = 1 (GEMV), 5 (multi-row, split K), 33
@@ -90,6 +92,23 @@ def parse_names(text: str, known: list[str], what: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def parse_providers(text: str) -> tuple[str, ...]:
+    """"all" (every named provider) or comma-separated names, each a provider of PROVIDERS or a
+    forced choice (providers.expand), in the order given, each once."""
+    if text == "all":
+        return tuple(PROVIDERS)
+    names: list[str] = []
+    for item in _items(text):
+        try:
+            names += expand(item)
+        except ValueError as e:
+            raise SelectionError(f"--bench-providers {text!r}: {e}; choose from {list(PROVIDERS)}, all, "
+                                 "triton@<tile id or group> or skinny@<kernel>") from None
+    if not names:
+        raise SelectionError(f"--bench-providers {text!r}: no provider named")
+    return tuple(dict.fromkeys(names))
+
+
 def selection(values: dict[str, str]) -> Selection:
     """values: selection key -> text, as the options and environment give them."""
     return Selection(
@@ -97,7 +116,7 @@ def selection(values: dict[str, str]) -> Selection:
         ms=parse_m(values["m"]),
         dtypes=parse_names(values["dtypes"], list(DTYPES), "--bench-dtypes"),
         symmetric=tuple(SYMMETRY[s] for s in parse_names(values["sym"], list(SYMMETRY), "--bench-sym")),
-        providers=parse_names(values["providers"], list(PROVIDERS), "--bench-providers"),
+        providers=parse_providers(values["providers"]),
     )
 
 
@@ -141,7 +160,7 @@ def matrix(sel: Selection) -> list[Cell]:
             for symmetric in sel.symmetric:
                 for m in sel.ms:
                     for name in sel.providers:
-                        if PROVIDERS[name].valid(shape, m, dtype):
+                        if resolve(name).valid(shape, m, dtype):
                             cells.append(Cell(shape, m, dtype, symmetric, name))
     return cells
 
@@ -149,7 +168,7 @@ def matrix(sel: Selection) -> list[Cell]:
 def smoke_matrix(providers: tuple[str, ...], gpu: bool) -> list[Cell]:
     """When nothing is timed: tiny shapes, every dtype and symmetry, the providers that run on
     the device at hand."""
-    runnable = tuple(p for p in providers if gpu or PROVIDERS[p].cpu)
+    runnable = tuple(p for p in providers if gpu or resolve(p).cpu)
     return matrix(Selection(SMOKE_SHAPES, SMOKE_M, tuple(DTYPES), (True, False), runnable))
 
 
@@ -178,7 +197,7 @@ def block_matrix(providers: tuple[str, ...], timing: bool, gpu: bool) -> list[Bl
     for model, layers in models:
         for m in BLOCK_M:
             for name in providers:
-                p = PROVIDERS[name]
+                p = resolve(name)
                 if p.kernel and (gpu or p.cpu) and all(p.valid(s, m, "bf16") for s in layers):
                     cells.append(BlockCell(model, layers, m, name))
     return cells

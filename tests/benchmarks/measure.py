@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass
 import pytest
 import torch
 
-from bench.cuda_timing import capture_graph, dense_rate, event_seconds, hbm_bandwidth, replay_seconds
 from oracle import judge, quantize_rtn, random_quantized, reference_matmul
 from oracle.canonical import QuantizedWeight
 from oracle.reference import Reference
 from oracle.shapes import LinearShape
 
 from .providers import DTYPES, Call, Provider, w4_weight_bytes
+from .timing import capture_graph, dense_rate, event_seconds, hbm_bandwidth, replay_seconds
 
 COLD_BYTES = 640 << 20
 MAX_COPIES = 256

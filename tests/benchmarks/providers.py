@@ -7,25 +7,35 @@ its own tensors, so building it R times gives R copies that do not share cache l
     x:      `dtype` (float16/bfloat16) [M, K], contiguous.
     y:      `dtype` [M, N].
 
+PROVIDERS holds the named ones; `resolve(name)` also makes the forced-choice providers of tuning
+sweeps: `triton@<tile id>` runs the Triton kernel with one tile (tests/benchmarks/candidates.py;
+`triton@decode`, `@mid`, `@prefill`, `@all` name a candidate group) and `skinny@<kernel>` runs the
+skinny kernel forced to one of `optimized.skinny.KERNELS` (`skinny@all`: every one).
+
 Peers follow DESIGN.md section 5; gemlite and the hybrid op are imported only when a cell of
-theirs runs (gemlite touches the GPU at import; the hybrid op may not exist yet in a checkout).
+theirs runs (gemlite touches the GPU at import).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import torch
 
+from optimized.policy import INTERPRETER, policy_for
+from optimized.tile_configs import TileConfig, check_config, fit_config
 from oracle.canonical import QuantizedWeight
 from oracle.layouts import to_kernel_layout, to_tinygemm
 from oracle.reference import reference_matmul
 from oracle.shapes import LinearShape
+
+from . import candidates
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TINYGEMM_GROUPS = (32, 64, 128, 256)
@@ -53,6 +63,9 @@ class Provider:
     cpu:             runs on CPU tensors (the smoke run without a GPU).
     kernel:          an inference path, so part of the decode-block proxy (the oracle is not).
     module:          an optional module it needs: cells skip with the reason when it is absent.
+    available:       () -> (ok, why): whether it can run in this process (cells skip with the reason).
+    accepts:         shape -> bool: a further condition on the shape (None: every shape).
+    info:            recorded in every cell's extra_info (which tile or kernel a forced provider runs).
     """
 
     name: str
@@ -68,17 +81,25 @@ class Provider:
     cpu: bool = True
     kernel: bool = True
     module: str | None = None
+    available: Callable[[], tuple[bool, str]] | None = None
+    accepts: Callable[[LinearShape], bool] | None = None
+    info: dict = field(default_factory=dict, hash=False)
 
     def valid(self, shape: LinearShape, m: int, dtype: str) -> bool:
         """Whether (shape, M, dtype) is a combination this provider is defined for."""
         group = shape.k if shape.group_size == -1 else shape.group_size
         return (dtype in self.dtypes and m >= self.min_m and (self.max_m is None or m <= self.max_m)
-                and (self.groups is None or group in self.groups) and shape.k % self.k_multiple == 0)
+                and (self.groups is None or group in self.groups) and shape.k % self.k_multiple == 0
+                and (self.accepts is None or self.accepts(shape)))
 
     def missing(self) -> str | None:
-        """Why the provider cannot be imported here, or None."""
+        """Why the provider cannot run here, or None."""
         if self.module and importlib.util.find_spec(self.module) is None:
-            return f"{self.module} is not installed or not written yet"
+            return f"{self.module} is not installed"
+        if self.available is not None:
+            ok, why = self.available()
+            if not ok:
+                return why
         return None
 
 
@@ -93,20 +114,42 @@ def build_oracle(w: QuantizedWeight, dtype: torch.dtype) -> Call:
     return lambda x: reference_matmul(x, copy, accumulate=torch.float32).y_out
 
 
-def build_triton(w: QuantizedWeight, dtype: torch.dtype, package: str = "optimized") -> Call:
-    """package: where `triton_w4a16` comes from (bench/control.py passes a baseline tree's alias)."""
-    kernel = importlib.import_module(f"{package}.triton_w4a16").w4a16_matmul
+def build_triton(w: QuantizedWeight, dtype: torch.dtype, package: str = "optimized",
+                 tile: TileConfig | None = None) -> Call:
+    """package: where `triton_w4a16` comes from (control.py passes a baseline tree's alias).
+    tile: force this tile, fitted to the weight as the device's policy fits its table's tiles
+    (None: the kernel's own choice)."""
+    module = importlib.import_module(f"{package}.triton_w4a16")
     kw = to_kernel_layout(w, dtype)
-    return lambda x: kernel(x, kw.qweight, kw.scales, kw.zeros, kw.group_size)
+    if tile is None:
+        return lambda x: module.w4a16_matmul(x, kw.qweight, kw.scales, kw.zeros, kw.group_size)
+    config = fitted_tile(tile, w.n, w.k, w.group, module.device_name(w.q.device))
+    return lambda x: module.w4a16_matmul(x, kw.qweight, kw.scales, kw.zeros, kw.group_size, config=config)
 
 
-def build_skinny(w: QuantizedWeight, dtype: torch.dtype) -> Call:
-    from optimized import skinny
+def fitted_tile(tile: TileConfig, n: int, k: int, group: int, device_name: str) -> TileConfig:
+    """`tile` fitted to an [N, K] weight of group size `group` (resolved) with the table of
+    `device_name`'s policy; raises ValueError when it cannot run that shape."""
+    table = policy_for(device_name).triton
+    cfg = fit_config(tile, n, k, group, table.target_programs, table.split_below)
+    check_config(cfg, k, group)
+    return cfg
 
-    skinny.build()  # raises SkinnyUnavailable with the reason; compiles once per process
+
+def build_skinny(w: QuantizedWeight, dtype: torch.dtype, package: str = "optimized", **forced) -> Call:
+    """The skinny kernel as a decode step runs it (overlap="weights": the copy is read-only once
+    built). package: as for build_triton; forced: e.g. kernel="ring" (skinny@ring)."""
+    skinny = importlib.import_module(f"{package}.skinny")
     kw = to_kernel_layout(w, dtype)
     torch.cuda.synchronize()  # the copy is read-only from here on, as the "weights" overlap needs
-    return lambda x: skinny.skinny_matmul(x, kw.qweight, kw.scales, kw.zeros, kw.group_size, overlap="weights")
+    return lambda x: skinny.skinny_matmul(x, kw.qweight, kw.scales, kw.zeros, kw.group_size, overlap="weights",
+                                          **forced)
+
+
+def skinny_available() -> tuple[bool, str]:
+    from optimized import skinny
+
+    return skinny.is_available()
 
 
 class HybridCall:
@@ -189,7 +232,8 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
     Provider("oracle", build_oracle, lambda k, n, g, sym: n * k + 2 * n * (k // g) + (0 if sym else n * (k // g)),
              dequant_dtype=False, kernel=False),
     Provider("triton", build_triton, w4_weight_bytes),
-    Provider("skinny", build_skinny, w4_weight_bytes, groups=(32, 64, 128), max_m=16, cpu=False),
+    Provider("skinny", build_skinny, w4_weight_bytes, groups=(32, 64, 128), max_m=16, cpu=False,
+             available=skinny_available),
     Provider("hybrid", HybridCall, w4_weight_bytes, module="optimized.hybrid"),
     # prepare(..., dense_cache=True): the dense GEMM from dense_min_m on. Below skinny's M limit it
     # runs what "hybrid" runs, so it is timed above it only; its copies are sized (and its GB/s
@@ -204,4 +248,66 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
     # Folds zeros as q * s + (-z * s) by default: two roundings; partial sums added atomically.
     Provider("gemlite", build_gemlite, w4_weight_bytes, roundings=2, cpu=False, module="gemlite"),
 )}
+FORCED = ("triton", "skinny")  # the providers `name@choice` forces to one tile or kernel
+
+
+def skinny_kernels() -> tuple[str, ...]:
+    """The kernels `skinny_matmul(kernel=...)` takes in this checkout (none before it had the argument)."""
+    from optimized import skinny
+
+    return tuple(getattr(skinny, "KERNELS", ()))
+
+
+def expand(name: str) -> list[str]:
+    """The provider names one --bench-providers item stands for: itself, or for triton@<group>
+    and skinny@all every tile of the group or every kernel. Raises ValueError for a name that is
+    not a provider."""
+    base, at, choice = name.partition("@")
+    if not at:
+        if name not in PROVIDERS:
+            raise ValueError(f"unknown provider {name!r}")
+        return [name]
+    if base == "triton":
+        try:
+            return [f"triton@{candidates.parse(choice).id}"]
+        except ValueError:
+            return [f"triton@{tile}" for tile in candidates.group_ids(choice)]
+    if base == "skinny":
+        kernels = skinny_kernels()
+        if not kernels:
+            raise ValueError(f"{name!r}: this checkout's optimized.skinny has no KERNELS (no kernel= argument)")
+        if choice == "all":
+            return [f"skinny@{k}" for k in kernels]
+        if choice not in kernels:
+            raise ValueError(f"{name!r}: the skinny kernels are {list(kernels)} (or all)")
+        return [name]
+    raise ValueError(f"{name!r}: only {list(FORCED)} take @<choice>")
+
+
+@functools.cache
+def resolve(name: str) -> Provider:
+    """The provider called `name`: one of PROVIDERS, or a forced choice (see `expand`)."""
+    base, at, choice = name.partition("@")
+    if not at:
+        return PROVIDERS[name]
+    if base == "triton":
+        tile = candidates.parse(choice)
+        lo, hi = candidates.m_range(tile)
+        return Provider(name, partial(build_triton, tile=tile), w4_weight_bytes, min_m=lo, max_m=hi, kernel=False,
+                        accepts=partial(_tile_runs, tile), info={"tile": tile.id})
+    if base == "skinny":
+        return Provider(name, partial(build_skinny, kernel=choice), w4_weight_bytes, groups=(32, 64, 128), max_m=16,
+                        cpu=False, kernel=False, available=skinny_available, info={"skinny_kernel": choice})
+    raise KeyError(name)
+
+
+def _tile_runs(tile: TileConfig, shape: LinearShape) -> bool:
+    """Whether the tile, fitted to the shape, is a valid config (the interpreter's table stands
+    in for the device's: the fit only clamps split_k by it)."""
+    group = shape.k if shape.group_size == -1 else shape.group_size
+    try:
+        fitted_tile(tile, shape.n, shape.k, group, INTERPRETER)
+    except ValueError:
+        return False
+    return True
 

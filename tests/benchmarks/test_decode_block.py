@@ -10,13 +10,13 @@ import pytest
 
 from .matrix import BlockCell
 from .measure import check, copies_for, gpu_clock, group_of, problem_bytes, rates, time_graph
-from .providers import PROVIDERS, HybridCall
+from .providers import HybridCall, resolve
 
 pytestmark = pytest.mark.benchmark(group="decode-block", timer=gpu_clock)
 
 
 def test_decode_block(benchmark, bench, block_cell: BlockCell) -> None:
-    cell, provider = block_cell, PROVIDERS[block_cell.provider]
+    cell, provider = block_cell, resolve(block_cell.provider)
     bench.begin(benchmark, provider)
     ws = bench.workspace
     ws.use(("block", cell.model, cell.dtype, cell.symmetric))

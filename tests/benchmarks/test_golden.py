@@ -36,7 +36,12 @@ def test_absent_blank_and_committed_files_load_empty(tmp_path: Path) -> None:
     assert golden.load(tmp_path / "absent.json")["cells"] == {}
     (tmp_path / "blank.json").write_text("\n")
     assert golden.load(tmp_path / "blank.json")["cells"] == {}
-    assert isinstance(golden.load(golden.GOLDEN_PATH)["cells"], dict)
+    assert isinstance(golden.load(golden.golden_path("NVIDIA H200"))["cells"], dict)
+
+
+def test_golden_file_follows_the_device_policy() -> None:
+    assert golden.golden_path("NVIDIA H200").name == "h200.json" and golden.golden_path("NVIDIA H200").exists()
+    assert golden.golden_path("NVIDIA H100 80GB HBM3").name == "h100.json"
 
 
 def test_update_merges_and_drops_other_devices(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from .matrix import Cell
 from .measure import check, copies_for, gpu_clock, group_of, problem_bytes, rates, time_graph
-from .providers import PROVIDERS, HybridCall
+from .providers import HybridCall, resolve
 
 pytestmark = pytest.mark.benchmark(group="matmul", timer=gpu_clock)
 
@@ -15,11 +15,12 @@ pytestmark = pytest.mark.benchmark(group="matmul", timer=gpu_clock)
 def cell_info(cell: Cell) -> dict:
     s = cell.shape
     return {"kind": "matmul", "id": cell.id, "shape": s.id, "model": s.model, "layer": s.layer, "k": s.k, "n": s.n,
-            "group": group_of(s), "m": cell.m, "dtype": cell.dtype, "sym": cell.sym, "provider": cell.provider}
+            "group": group_of(s), "m": cell.m, "dtype": cell.dtype, "sym": cell.sym, "provider": cell.provider,
+            **resolve(cell.provider).info}
 
 
 def test_matmul(benchmark, bench, cell: Cell) -> None:
-    provider = PROVIDERS[cell.provider]
+    provider = resolve(cell.provider)
     bench.begin(benchmark, provider)
     ws = bench.workspace
     ws.use(cell.weight_key)

@@ -1,11 +1,20 @@
-"""The benchmark matrix: selection parsing, readable ids, invalid combinations left out."""
+"""The benchmark matrix: selection parsing (forced-choice providers included), readable ids,
+invalid combinations left out; the tile candidates and the forced Triton provider on CPU."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from . import matrix
-from .matrix import DEFAULTS, SelectionError, block_matrix, parse_m, parse_shapes, selection, smoke_matrix
+from optimized import skinny
+from optimized.tile_configs import check_config
+from oracle import judge, random_quantized, reference_matmul
+from oracle.shapes import unique_shapes
+
+from . import candidates, matrix, providers
+from .matrix import DEFAULTS, SelectionError, block_matrix, parse_m, parse_providers, parse_shapes, selection, smoke_matrix
+
+KERNELS = ("batch", "ring", "segment", "segment_smem", "segment_persistent", "stream")
 
 
 def test_default_selection_is_the_llama_headline() -> None:
@@ -56,3 +65,77 @@ def test_smoke_and_block_matrices() -> None:
     assert timed[0].id == "llama3.1-8b-block-M1-triton"
     assert [s.layer for s in timed[0].layers] == ["qkv", "o", "gate_up", "down"]
     assert {b.model for b in block_matrix(("triton",), timing=False, gpu=False)} == {"smoke"}
+
+
+def test_forced_triton_providers_expand_and_keep_their_m_range() -> None:
+    decode = candidates.group_ids("decode")
+    assert parse_providers("triton,triton@decode") == ("triton", *(f"triton@{t}" for t in decode))
+    assert parse_providers("triton@m16n64k128s32w4p4-swap-h") == ("triton@m16n64k128s32w4p4-swap-h",)
+    # A tile id not among the candidates is still a provider; the same name twice counts once.
+    assert parse_providers("triton@m32n32k64s1w4p2,triton@m32n32k64s1w4p2") == ("triton@m32n32k64s1w4p2",)
+    assert len(parse_providers("triton@all")) == len(candidates.candidates())
+    with pytest.raises(SelectionError, match="candidate group"):
+        parse_providers("triton@fastest")
+    with pytest.raises(SelectionError, match="only"):
+        parse_providers("dense@cublaslt")
+    sel = selection(DEFAULTS | {"providers": "triton@decode,triton@mid,triton@prefill", "m": "all"})
+    cells = matrix.matrix(sel)
+    for tile in candidates.candidates():
+        lo, hi = candidates.m_range(tile)
+        ms = {c.m for c in cells if c.provider == f"triton@{tile.id}"}
+        assert ms == {m for m in matrix.ALL_M if lo <= m and (hi is None or m <= hi)}, tile.id
+    assert candidates.m_range(candidates.GROUPS["decode"][1][0]) == (1, 16)
+    assert candidates.m_range(candidates.GROUPS["prefill"][1][-2]) == (17, None)  # in mid and prefill
+    # Forced providers are tuning sweeps, not inference paths: no decode-block cells.
+    assert not block_matrix(sel.providers, timing=True, gpu=True)
+
+
+def test_skinny_kernels_are_providers_once_the_kernel_has_them(monkeypatch) -> None:
+    monkeypatch.delattr(skinny, "KERNELS", raising=False)
+    with pytest.raises(SelectionError, match="no KERNELS"):
+        parse_providers("skinny@ring")
+    monkeypatch.setattr(skinny, "KERNELS", KERNELS, raising=False)
+    assert parse_providers("skinny@ring,skinny@stream") == ("skinny@ring", "skinny@stream")
+    assert parse_providers("skinny@all") == tuple(f"skinny@{k}" for k in KERNELS)
+    with pytest.raises(SelectionError, match="the skinny kernels are"):
+        parse_providers("skinny@regs_s4")
+    p = providers.resolve("skinny@ring")
+    assert p.info == {"skinny_kernel": "ring"} and p.max_m == 16 and not p.cpu
+    cells = matrix.matrix(selection(DEFAULTS | {"providers": "skinny@all", "m": "all"}))
+    assert {c.m for c in cells} == {1, 2, 3, 4, 8, 16}
+    assert not smoke_matrix(("skinny@ring",), gpu=False) and smoke_matrix(("skinny@ring",), gpu=True)
+
+
+def test_skinny_provider_forwards_the_forced_kernel(monkeypatch) -> None:
+    """skinny@<kernel> calls skinny_matmul with kernel=<kernel> and the decode step's overlap."""
+    calls = []
+    monkeypatch.setattr(skinny, "skinny_matmul", lambda *args, **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    w = random_quantized(64, 256, 128, False, torch.bfloat16, generator=torch.Generator().manual_seed(1))
+    providers.build_skinny(w, torch.bfloat16, kernel="ring")(torch.zeros(1, 256, dtype=torch.bfloat16))
+    providers.build_skinny(w, torch.bfloat16)(torch.zeros(1, 256, dtype=torch.bfloat16))
+    assert calls == [{"overlap": "weights", "kernel": "ring"}, {"overlap": "weights"}]
+
+
+def test_candidates_are_valid_tiles_with_ids_that_round_trip() -> None:
+    tiles = candidates.candidates()
+    assert len({t.id for t in tiles}) == len(tiles)
+    for tile in tiles:
+        assert candidates.parse(tile.id) == tile
+    # Every candidate, fitted as the provider fits it, runs every Llama shape at G = 128.
+    for shape in [s for s in unique_shapes() if s.model in matrix.LLAMA]:
+        for tile in tiles:
+            cfg = providers.fitted_tile(tile, shape.n, shape.k, 128, "NVIDIA H200")
+            check_config(cfg, shape.k, 128)
+            assert (cfg.kernel_path, cfg.dequant) == (tile.kernel_path, tile.dequant)
+
+
+@pytest.mark.parametrize("tile, m", (("m1n128k128s8w4p1", 1), ("m16n64k128s32w4p4-swap-h", 5),
+                                     ("m64n64k128s2w4p3-swap-h", 33)))
+def test_forced_triton_provider_computes_correctly(tile: str, m: int) -> None:
+    """A triton@ cell's body on CPU (the interpreter): the forced tile, fitted to the weight, judged."""
+    w = random_quantized(64, 256, 128, False, torch.bfloat16, generator=torch.Generator().manual_seed(m))
+    x = torch.randn(m, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    y = providers.resolve(f"triton@{tile}").build(w, torch.bfloat16)(x)
+    v = judge(y, reference_matmul(x, w), dequant_dtype=torch.bfloat16)
+    assert v.passed, v.summary()

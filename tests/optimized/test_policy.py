@@ -78,3 +78,63 @@ def test_malformed_file_is_named_with_what_was_expected(mutate, expected):
     with pytest.raises(PolicyError, match=re.escape(expected)) as info:
         parse("h200", data)
     assert "optimized/policies/h200.json" in str(info.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# The fitting rules tools/fit_policy.py applies to benchmark results
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_tile_ids_round_trip(path):
+    for _, cfg in parse(path.stem, load(path)).triton.buckets:
+        assert policy.tile_from_id(cfg.id) == cfg
+
+
+@pytest.mark.parametrize("text", ("m16n64k128", "m16n64k128s2w4p3-fast", "M16n64k128s2w4p3", "m16n64k128s2w4p3-h-swap"))
+def test_tile_id_that_is_not_one_is_refused(text):
+    with pytest.raises(ValueError, match="is not a tile id"):
+        policy.tile_from_id(text)
+
+
+@pytest.mark.parametrize("ratios, expected", (
+    ({1: 0.5, 4: 0.7, 16: 0.9}, 16),              # faster everywhere
+    ({1: 0.5, 4: 0.7, 8: 1.02, 16: 0.9}, 4),      # a loss at 8 ends it, whatever comes after
+    ({1: 1.1, 4: 0.7}, 0),                        # slower at the smallest M: never preferred
+    ({16: 0.9, 1: 0.6, 4: 1.0}, 1),               # order of the mapping does not matter; 1.0 is a loss
+))
+def test_skinny_max_m_is_the_last_m_of_an_unbroken_win(ratios, expected):
+    assert policy.skinny_max_m(ratios) == expected
+
+
+@pytest.mark.parametrize("ratios, expected", (
+    ({16: 1.3, 32: 0.9, 64: 0.7, 4096: 0.5}, 32),
+    ({16: 0.9, 32: 1.1, 64: 0.7, 4096: 0.5}, 64),  # a loss at 32 moves it past 32
+    ({32: 0.9, 4096: 1.01}, None),                 # slower at the largest M: no crossover
+    ({4096: 0.5, 128: 0.8}, 128),
+))
+def test_dense_min_m_starts_an_unbroken_win_to_the_largest_m(ratios, expected):
+    assert policy.dense_min_m(ratios) == expected
+
+
+def test_bucket_ranges_cover_every_m_once():
+    table = policy_for("NVIDIA H200").triton
+    ranges = policy.bucket_ranges(table)
+    assert ranges[0][0] == 1 and ranges[-1][1] is None and len(ranges) == len(table.buckets)
+    assert all(hi + 1 == nxt for (_, hi), (nxt, _) in zip(ranges, ranges[1:]))
+
+
+def test_best_tile_takes_the_highest_geometric_mean_over_complete_tiles():
+    cells = {"a": {1: 40.0, 2: 10.0}, "b": {1: 20.0, 2: 21.0}, "c": {1: 90.0}}
+    # a: sqrt(400) = 20, b: sqrt(420); c misses cell 2 and is left out.
+    assert policy.best_tile(cells) == ("b", pytest.approx(420 ** 0.5))
+    cells["a"][2] = 12.0  # sqrt(480)
+    assert policy.best_tile(cells)[0] == "a"
+    assert policy.best_tile({}) is None and policy.best_tile({"a": {1: 5.0}, "b": {2: 5.0}}) is None
+
+
+def test_choice_score_against_the_fastest_kernel():
+    kernels = {("s", 1): {"ring": 10.0, "stream": 8.0}, ("s", 4): {"ring": 5.0}, ("t", 1): {}}
+    s = policy.choice_score({("s", 1): 8.0, ("s", 4): 6.0, ("t", 1): 3.0, ("u", 1): 1.0}, kernels)
+    assert s["cells"] == 2 and s["worst"] == pytest.approx(1.2) and s["worst_cell"] == ("s", 4)
+    assert s["geomean"] == pytest.approx(1.2 ** 0.5) and s["fastest_there"] == "ring"
+    assert policy.choice_score({("s", 1): 1.0}, {}) is None

@@ -27,11 +27,11 @@ from optimized.tile_configs import TileConfig, check_config, fit_config, no_stra
 from optimized.triton_w4a16 import w4a16_matmul
 from oracle import judge, plain_torch_matmul, probe_weight, random_quantized, reference_matmul, run_probes
 from oracle.layouts import to_kernel_layout
+from oracle.shapes import unique_shapes
 
 # The tile tables of a Hopper GPU, of any other GPU (the default file), and of the interpreter.
 DEVICES = {"hopper": "NVIDIA H200", "generic": "AMD Instinct MI300X", "interpreter": INTERPRETER}
 HOPPER, GENERIC, INTERPRETED = (policy_for(d).triton for d in DEVICES.values())
-from oracle.shapes import DECODE_BATCHES, PREFILL_BATCHES, unique_shapes
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 GROUPS = (32, 64, 128, -1)
@@ -81,7 +81,7 @@ def test_matches_reference(k, n, m, group, symmetric, dtype, bias, strided):
     out = run_kernel(kw, x, b)
     v = judge(out, reference_matmul(x, w, b), dequant_dtype=dtype, dequant_roundings=1,
               baseline=plain_torch_matmul(x, w, b))
-    print(select_config(m, n, k, resolved(group, k), INTERPRETER).id, v.summary())
+    print(select_config(m, n, k, resolved(group, k), INTERPRETED).id, v.summary())
     assert v.passed, v.summary()
     assert v.hard_violations == 0, v.summary()
 
@@ -368,27 +368,16 @@ def test_tables_never_straddle_a_group(name):
             assert cfg == bucket_cfg, f"{shape.id} G{group} M{m}: {cfg.id} differs within its bucket"
 
 
-def bench_module():
-    """bench/triton_h200.py as a module (its candidate lists)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "bench" / "triton_h200.py"
-    spec = importlib.util.spec_from_file_location("triton_h200_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # Hopper's shared memory per block (227 KiB).
 SM90_SHARED_BYTES = 232448
 
 
 def aot_compile_tables(target: str, which: str = "tables") -> None:
     """Compile every config of the table for `target` ("cuda:90:32" or "hip:gfx942:64") ahead of
-    time, no device needed, and exit non-zero listing the failures. which="variants": instead the
-    H200 bench's candidate configs (bf16, G = 128, as the bench times them), each also failing on
-    register spills or more shared memory than sm_90 has; prints registers per config. Runs in a
-    subprocess: the interpreter must be off when the kernels are defined."""
+    time, no device needed, and exit non-zero listing the failures. which="candidates": instead the
+    tuning sweeps' tile candidates (tests/benchmarks/candidates.py; bf16, G = 128), each also
+    failing on register spills or more shared memory than sm_90 has; prints registers per config.
+    Runs in a subprocess: the interpreter must be off when the kernels are defined."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -396,8 +385,10 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
 
     backend, arch, warp = target.split(":")
     gpu = GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))
-    if which == "variants":
-        configs = [(cfg, 128) for cfgs in bench_module().VARIANT_CANDIDATES.values() for cfg in cfgs]
+    if which == "candidates":
+        from tests.benchmarks.candidates import candidates
+
+        configs = [(cfg, 128) for cfg in candidates()]
         dtypes, bias = ("bf16",), False
     else:
         # Each bucket as select_config fits it to every group size (K-tile, groups per tile), on a
@@ -423,7 +414,7 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
                 except Exception as e:  # every failure is reported, not just the first
                     failures.append(f"{name}: {type(e).__name__}: {str(e)[:500]}")
                     continue
-                if which == "variants" and fn is triton_w4a16._w4a16_kernel:
+                if which == "candidates" and fn is triton_w4a16._w4a16_kernel:
                     res = cubin_resources(compiled.asm["cubin"]) if backend == "cuda" else {}
                     print(f"{name}: {res} shared={compiled.metadata.shared}", flush=True)
                     if res.get("stack") or compiled.metadata.shared > SM90_SHARED_BYTES:
@@ -433,6 +424,7 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
         sys.exit("\n".join(failures))
 
 
+ROOT = Path(__file__).resolve().parents[2]
 # The H200 image runs Triton 3.6.0 (DESIGN.md), whose compiler rejects tiles this one accepts:
 # .ci/run installs it into this folder, apart from the Triton the tests import.
 H200_TRITON_ENV = "W4A16_H200_TRITON"
@@ -457,7 +449,7 @@ def _compile_in_subprocess(target: str, backend: str, which: str, site: str | No
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (site, env.get("PYTHONPATH"))))
     run = subprocess.run([sys.executable, "-c", "import triton; print('triton', triton.__version__); "
                           f"from tests.optimized.test_triton_kernel import aot_compile_tables as f; f({target!r}, {which!r})"],
-                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return run
 
@@ -479,25 +471,25 @@ def test_hopper_table_compiles_with_the_h200_triton():
     assert run.stdout.startswith(f"triton {H200_TRITON_VERSION}\n"), run.stdout[:200]
 
 
-def test_h200_variant_candidates_compile_for_sm90():
-    """Every candidate the H200 bench's variants section times compiles for sm_90 without
+def test_tile_candidates_compile_for_sm90():
+    """Every tile candidate of the tuning sweeps (triton@<tile>) compiles for sm_90 without
     register spills and within Hopper's shared memory (registers are printed)."""
-    run = _compile_in_subprocess("cuda:90:32", "nvidia", "variants")
+    run = _compile_in_subprocess("cuda:90:32", "nvidia", "candidates")
     print(run.stdout)
 
 
 def test_gemv_loop_costs_one_lop3_per_weight():
-    """The M = 1 GEMV's K loop in sm_90 SASS (bench/triton_sass.py): one LOP3, one subtract and one
-    FMA per weight, and few other instructions; a mask and magic number both as immediates (two
-    LOP3s) or a shift per nibble would show here before any GPU run."""
+    """The M = 1 GEMV's K loop in sm_90 SASS (tests/support/triton_sass.py): one LOP3, one subtract
+    and one FMA per weight, and few other instructions; a mask and magic number both as immediates
+    (two LOP3s) or a shift per nibble would show here before any GPU run."""
     _require("nvidia" in triton.backends.backends, "this triton build has no nvidia backend")
     cfg = HOPPER.buckets[0][1]
     assert cfg.kernel_path == "gemv" and cfg.block_m == 1
-    spec = ",".join(map(str, (cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.num_stages)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", "import json; from bench import triton_sass as t; "
-                          f"print(json.dumps(t.analyse(t.parse_config({spec!r}), 128, 'bf16', False)))"],
-                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", "import json; from optimized.policy import tile_from_id; "
+                          "from tests.support.triton_sass import analyse; "
+                          f"print(json.dumps(analyse(tile_from_id({cfg.id!r}), 128, 'bf16', False)))"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     r = json.loads(run.stdout.strip().splitlines()[-1])
     ops = r["opcodes_per_weight"]
@@ -505,32 +497,3 @@ def test_gemv_loop_costs_one_lop3_per_weight():
     assert ops.get("LOP3.LUT", 0) <= 1.1, ops
     assert 0.95 <= ops.get("FFMA", 0) <= 1.1 and ops.get("FADD", 0) <= 1.25, ops
     assert r["per_weight"] <= 5.0, r
-
-
-def test_h200_bench_dry_run(tmp_path):
-    """bench/triton_h200.py's CPU parts: argument parsing, case lists, floors, the candidate
-    configs' validity and the report."""
-    root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, str(root / "bench" / "triton_h200.py"), "--dry-run", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-4000:]
-    plan = json.loads((tmp_path / "triton_h200.json").read_text())["plan"]
-    assert plan["parity_cells"] == len(unique_shapes()) * len(DECODE_BATCHES + PREFILL_BATCHES) * 4
-    assert all(c["floor_us"] > 0 for c in plan["timing"])
-    assert (tmp_path / "triton_h200.md").read_text().startswith("# Triton W4A16 kernel")
-
-
-def test_h200_bench_variants_dry_run(tmp_path):
-    """`--sections variants --dry-run`: every candidate fitted and valid on every timed shape, a few
-    candidates through the child-process check under the interpreter, the report from made-up
-    timings."""
-    root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, str(root / "bench" / "triton_h200.py"), "--sections", "variants",
-                          "--dry-run", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-4000:]
-    result = json.loads((tmp_path / "triton_variants.json").read_text())
-    bench = bench_module()
-    assert result["plan"]["candidates"] == sum(len(c) for c in bench.VARIANT_CANDIDATES.values())
-    assert len(result["checks"]) == len(bench.DRY_CANDIDATES)
-    assert all(c["passed"] for c in result["checks"]), result["checks"]
-    assert "Best per M" in (tmp_path / "triton_variants.md").read_text()

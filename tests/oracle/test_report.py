@@ -79,3 +79,24 @@ def test_later_file_wins_and_empty_input_is_an_error(bench_json: Path, tmp_path:
     empty = write_json(tmp_path / "empty.json", [])
     with pytest.raises(SystemExit, match="no timed tests/benchmarks results"):
         main(["report", str(empty), "--out", str(tmp_path / "none"), "--no-plots"])
+
+
+def test_report_names_card_commit_and_command_not_paths(tmp_path: Path) -> None:
+    """Provenance: each input's commit and command (recorded by tests/benchmarks, or pytest-benchmark's
+    commit_info), how many cells it supplies, and the command that regenerates the report; input
+    folders do not appear."""
+    first = write_json(tmp_path / "first.json", [bench("matmul", "triton", 1, 10.0), bench("matmul", "dense", 1, 20.0)])
+    data = json.loads(first.read_text())
+    data["commit_info"] = {"id": "0123456789abcdef", "dirty": True, "time": "2030-01-01T00:00:00"}
+    first.write_text(json.dumps(data))
+    second = write_json(tmp_path / "second.json", [bench("matmul", "triton", 1, 9.0)])
+    data = json.loads(second.read_text())
+    data["machine_info"]["w4a16"] |= {"command": "python3 -m pytest tests/benchmarks --bench-m 1", "commit": "abc1234"}
+    second.write_text(json.dumps(data))
+    out = tmp_path / "report"
+    assert main(["report", str(first), str(second), "--out", str(out), "--no-plots"]) == 0
+    text = (out / "report.md").read_text()
+    assert "| first.json | 1 | 0123456+ | - |" in text  # dense from the first file, triton from the second
+    assert "| second.json | 1 | abc1234 | `python3 -m pytest tests/benchmarks --bench-m 1` |" in text
+    assert f"`python3 -m oracle report first.json second.json --out {out} --no-plots`" in text
+    assert str(tmp_path) not in text.replace(f"--out {out}", "") and "2030" not in text

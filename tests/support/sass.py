@@ -1,5 +1,5 @@
 """Reading sm_90 cubins with the cuobjdump Triton ships (no GPU, no CUDA toolkit needed): resources
-and the opcodes of a kernel's main loop, for the instruction-budget tests and tools/sass.py.
+and the opcodes of a kernel's main loop, for the instruction-budget tests and tools/triton_sass.py.
 Importing this changes nothing in the process, so tests may import it in-process.
 """
 
