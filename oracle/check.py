@@ -171,8 +171,9 @@ def _judge_one(spec: KernelSpec, case: Case, inputs, ref: Reference, baseline: t
             error = timer.run("kernel", batch_problem, *args, out)
         if probes:
             probe = timer.run("probes", _probe, spec, case, inputs.bias, seed, device)
-            if verdict.passed and not probe.passed:
-                diagnosis = "; ".join(probe.located) or None
+            if not probe.passed and probe.located:
+                # The probes pin row, group and channel exactly; random data can only fit a guess.
+                diagnosis = "probes located: " + "; ".join(probe.located)
     except Exception as exc:  # a crashing kernel is a failed case, reported with its traceback
         error = describe_exception(exc)
     return CaseReport(spec.name, case.id, verdict, probe, error, sum(timer.phases.values()), diagnosis,

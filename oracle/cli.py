@@ -75,7 +75,7 @@ def report_json(results: dict, meta: dict) -> dict:
         "baseline_worst_ratio": None if r.verdict is None else r.verdict.baseline_worst_ratio,
         "probe_rows": None if r.probe is None else r.probe.rows,
         "probe_mismatches": None if r.probe is None else r.probe.mismatches,
-        "diagnosis": r.diagnosis,
+        "diagnosis": r.diagnosis, "notes": r.notes,
     } for r in reports] for name, reports in results.items()}}
 
 
@@ -207,6 +207,13 @@ def cmd_check(args: argparse.Namespace) -> int:
                          r.diagnosis and f"diagnosis: {r.diagnosis}", r.probe and not r.probe.passed and r.probe.summary()):
                 if part:
                     console.print("  " + str(part).replace("\n", "\n  "), markup=False, highlight=False)
+    for name, reports in results.items():
+        notes: dict[str, int] = {}
+        for r in reports:
+            for note in r.notes:
+                notes[note] = notes.get(note, 0) + 1
+        for note, count in notes.items():
+            console.print(f"[yellow]NOTE[/yellow] {name}, {count} case(s): {note}", highlight=False)
     for e in errors:
         console.print(f"[red]ERROR[/red] {e}", highlight=False)
     console.print(summary_table(results, args.tier, where))

@@ -373,7 +373,8 @@ def diagnose(out: torch.Tensor, x: torch.Tensor, weight: QuantizedWeight, bias: 
         bad_cols = [int(c) for c in over.any(0).nonzero().flatten()[:MAX_SEARCH_COLUMNS]]
         for search in (_single_zero_points, _single_nibble_swaps):
             found = search(out, x, weight, bias, bad_cols) if bad_cols else None
-            if found is not None and judge(out, reference_matmul(*found[2]), **bounds_kw).passed:
-                explained.append((0.0, found[0], found[1]))
-                break
+            if found is not None:
+                v = judge(out, reference_matmul(*found[2]), **bounds_kw)
+                if v.passed:
+                    explained.append((v.worst_ratio, found[0], found[1]))
     return Diagnosis([(name, d) for _, name, d in sorted(explained)], unwritten, None if explained else closest)

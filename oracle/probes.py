@@ -220,46 +220,54 @@ def run_probes(kernel: Callable[[torch.Tensor, torch.Tensor | None], torch.Tenso
     return ProbeResult(rows, mismatches, kept[:max_examples], localize(kept, weight))
 
 
+def _classify(n: int, g: int, ks: list[int], got: dict[int, float], want: dict[int, float],
+              weight: QuantizedWeight) -> tuple[str, str]:
+    """(kind, words) for the mismatching probed channels `ks` of output row n in group g."""
+    if len(ks) == 2 and ks[0] // 8 == ks[1] // 8 and got[ks[0]] == want[ks[1]] and got[ks[1]] == want[ks[0]]:
+        return "swap", f"k {ks[0]} and {ks[1]} swapped in row {n} (two nibbles of one packed word)"
+    s = float(weight.scales[n, g])
+    steps = {round((want[k] - got[k]) / s, 6) for k in ks} if s else set()
+    if len(steps) == 1 and (d := steps.pop()) == int(d) and d != 0:
+        return "zero", f"row {n}, group {g}: the zero point acts as z{int(d):+d}"
+    ratios = {got[k] / want[k] for k in ks if want[k] != 0}
+    if len(ratios) == 1 and all((got[k] == 0) == (want[k] == 0) for k in ks):
+        # The scale in use is one of the scale dtype's values: rounding recovers it from the ratio.
+        used = float(torch.tensor(s * ratios.pop(), dtype=torch.float64).to(weight.scales.dtype))
+        if used == float(torch.tensor(s).to(torch.bfloat16)):
+            return "bf16", f"row {n}, group {g}: the scale acts as {used!r}, its bfloat16 rounding, instead of {s!r}"
+        return "scale", f"row {n}, group {g}: the scale acts as {used!r} instead of {s!r}"
+    shown = ", ".join(f"k {k} gave {got[k]!r} for {want[k]!r}" for k in ks[:3])
+    return "other", f"row {n}, group {g}: {len(ks)} channel(s) wrong: {shown}"
+
+
 def localize(mismatches: list[ProbeMismatch], weight: QuantizedWeight, max_lines: int = 8) -> list[str]:
-    """The mismatch pattern in words, per output row: a zero point off by d (every probed channel
-    of one group off by d * s), two channels of one word exchanged, a scale off by a factor (and
-    whether that factor is a rounding to bfloat16), a wrong bias; otherwise the channels at fault."""
+    """The mismatch pattern in words: per output row and group, a zero point off by d (every probed
+    channel of the group off by d * s), two channels of one word exchanged, a scale off by a factor
+    (and whether that is its rounding to bfloat16), a wrong bias or group sum; otherwise the channels
+    at fault. When every wrong group is a scale rounded to bfloat16, one line says so."""
     lines: list[str] = []
-    one_hot: dict[tuple[str, int], list[ProbeMismatch]] = {}
+    cells: dict[tuple[str, int, int], list[ProbeMismatch]] = {}
     one_hot_cols = {m.col for m in mismatches if m.kind.endswith("one-hot")}
+    gi = weight.group_index().cpu()
     for m in mismatches:
         prefix = "fine-scale " if m.kind.startswith("fine-scale ") else ""
         if m.kind.endswith("one-hot"):
-            one_hot.setdefault((prefix, m.col), []).append(m)
+            cells.setdefault((prefix, m.col, int(gi[m.index])), []).append(m)
         elif m.kind.endswith("bias"):
             lines.append(f"{prefix}row {m.col}: the bias came out as {m.got!r} instead of {m.expected!r}")
         elif m.col not in one_hot_cols:
             lines.append(f"{prefix}row {m.col}, group {m.index}: the group's sum is wrong though every probed "
                          "channel alone is right (a reduction or the scale of a sum)")
-    gi = weight.group_index().cpu()
-    for (prefix, n), items in one_hot.items():
+    found = []
+    for (prefix, n, g), items in cells.items():
         ks = sorted(m.index for m in items)
-        got = {m.index: m.got for m in items}
-        want = {m.index: m.expected for m in items}
-        groups = {int(gi[k]) for k in ks}
-        text = None
-        if len(ks) == 2 and ks[0] // 8 == ks[1] // 8 and got[ks[0]] == want[ks[1]] and got[ks[1]] == want[ks[0]]:
-            text = f"k {ks[0]} and {ks[1]} swapped in row {n} (two nibbles of one packed word)"
-        elif len(groups) == 1:
-            g = groups.pop()
-            s = float(weight.scales[n, g])
-            steps = {round((want[k] - got[k]) / s, 6) for k in ks} if s else set()
-            ratios = {got[k] / want[k] for k in ks if want[k] != 0}
-            if len(steps) == 1 and (d := steps.pop()) == int(d) and d != 0:
-                text = f"row {n}, group {g}: the zero point acts as z{int(d):+d}"
-            elif len(ratios) == 1 and all((got[k] == 0) == (want[k] == 0) for k in ks):
-                r = ratios.pop()
-                used = s * r
-                bf16 = float(torch.tensor(s).to(torch.bfloat16))
-                how = " (its bfloat16 rounding)" if used == bf16 else ""
-                text = f"row {n}, group {g}: the scale acts as {used!r} instead of {s!r}{how}"
-        if text is None:
-            shown = ", ".join(f"k {k} gave {got[k]!r} for {want[k]!r}" for k in ks[:4])
-            text = f"row {n}: {len(ks)} channel(s) wrong in group(s) {sorted(groups)[:6]}: {shown}"
-        lines.append(prefix + text)
+        kind, text = _classify(n, g, ks, {m.index: m.got for m in items}, {m.index: m.expected for m in items},
+                               weight)
+        found.append((kind, prefix + text))
+    if found and all(kind == "bf16" for kind, _ in found):
+        rows = sorted({n for _, n, _ in cells})
+        lines.insert(0, f"scales act as their bfloat16 rounding in {len(found)} group(s) of {len(rows)} row(s), "
+                        f"e.g. {found[0][1]}")
+    else:
+        lines += [text for _, text in found]
     return lines[:max_lines]
