@@ -54,13 +54,16 @@ GPTQ_VERSIONS = {"gptq": 1, "gptq_v2": 2}
 # reading
 
 
-def read_checkpoint(path: str | Path, config: Mapping | None = None) -> dict[str, QuantizedWeight]:
+def read_checkpoint(path: str | Path, config: Mapping | None = None, *,
+                    skipped: list[tuple[str, str]] | None = None) -> dict[str, QuantizedWeight]:
     """Every quantized layer of a checkpoint, as canonical weights keyed by layer prefix.
 
-    path:   a .safetensors file, or a directory whose *.safetensors files (all shards) are read.
-    config: the HF config.json dict holding "quantization_config", or that quantization config
-            itself, or None to read config.json / quantize_config.json / quant_config.json from the
-            directory (of the file).
+    path:    a .safetensors file, or a directory whose *.safetensors files (all shards) are read.
+    config:  the HF config.json dict holding "quantization_config", or that quantization config
+             itself, or None to read config.json / quantize_config.json / quant_config.json from the
+             directory (of the file).
+    skipped: a list to receive (tensor name, why) for every tensor not read as part of a quantized
+             weight: embeddings, norms, unquantized layers, and a quantized layer's own bias.
     """
     path = Path(path)
     tensors = load_tensors(path)
@@ -77,6 +80,16 @@ def read_checkpoint(path: str | Path, config: Mapping | None = None) -> dict[str
             out[prefix] = read_layer(prefix, parts)
         except (LayoutError, CheckpointError) as err:
             raise CheckpointError(f"layer {prefix!r}: {err}") from err
+    if skipped is not None:
+        used = {_join(prefix, suffix) for prefix, parts in layers.items() for suffix in parts}
+        for name in sorted(set(tensors) - used):
+            prefix, _, suffix = name.rpartition(".")
+            if prefix in layers:
+                why = "the quantized layer's bias" if suffix == "bias" else f"a tensor of quantized layer {prefix!r} " \
+                    f"that {fmt} does not define"
+            else:
+                why = "not part of a quantized layer"
+            skipped.append((name, why))
     return out
 
 
@@ -171,8 +184,13 @@ def _awq_reader(qc: Mapping):
     group_size = _group_size(qc, "group_size", "q_group_size")
     symmetric = not qc.get("zero_point", True)
 
+    field = "group_size" if "group_size" in qc else "q_group_size"
+
     def read(prefix: str, parts: dict[str, torch.Tensor]) -> QuantizedWeight:
         _require(prefix, parts, ("qweight", "scales") if symmetric else ("qweight", "qzeros", "scales"), "AutoAWQ")
+        k = parts["qweight"].shape[0]
+        _check_groups("AutoAWQ", field, group_size, k, {name: (parts[name].shape[0], list(parts[name].shape))
+                                                        for name in ("scales", "qzeros") if name in parts})
         return from_awq(parts, group_size, symmetric=symmetric)
 
     return read
@@ -192,6 +210,9 @@ def _gptq_reader(qc: Mapping):
     def read(prefix: str, parts: dict[str, torch.Tensor]) -> QuantizedWeight:
         _require(prefix, parts, ("qweight", "qzeros", "scales") + (("g_idx",) if desc_act else ()),
                  f"GPTQ v{version}")
+        k = parts["qweight"].shape[0] * 8
+        _check_groups(f"GPTQ v{version}", "group_size", group_size, k,
+                      {name: (parts[name].shape[0], list(parts[name].shape)) for name in ("scales", "qzeros")})
         w = from_gptq(parts, group_size, version=version, symmetric=symmetric)
         if w.has_act_order and not desc_act:
             raise CheckpointError("GPTQ: desc_act is false, so g_idx must be k // G; found an act-order g_idx "
@@ -218,6 +239,10 @@ def _ct_reader(qc: Mapping):
         _require(prefix, parts, need, "compressed-tensors pack-quantized")
         if symmetric and "weight_zero_point" in parts:
             _check_ct_symmetric_zero_point(parts.pop("weight_zero_point"))
+        k = parts["weight_packed"].shape[1] * 8
+        _check_groups("compressed-tensors", "weights.group_size", group_size, k,
+                      {name: (parts[name].shape[1], list(parts[name].shape)) for name in ("weight_scale", "weight_zero_point")
+                       if name in parts and parts[name].dim() == 2})
         return from_compressed_tensors(parts, group_size)
 
     return read
@@ -273,6 +298,28 @@ def _check_ct_symmetric_zero_point(zp: torch.Tensor) -> None:
         raise CheckpointError("compressed-tensors: declared symmetric, so weight_zero_point must encode 0 "
                               f"(packed 0x88888888 or unpacked 0), found other values in {zp.dtype} "
                               f"{list(zp.shape)}")
+
+
+def _check_groups(fmt: str, field: str, group_size: int, k: int, found: Mapping[str, tuple[int, list[int]]]) -> None:
+    """found: tensor name -> (its group count, its shape as the file has it). Every tensor's group
+    count must be ceil(K / G) for the config's group size; the error names the tensor at fault, or
+    the config field when the tensors agree with each other but not with it."""
+    g = k if group_size == -1 else group_size
+    want = -(-k // g)
+    wrong = {name: v for name, v in found.items() if v[0] != want}
+    if not wrong:
+        return
+    counts = {v[0] for v in found.values()}
+    if len(counts) == 1 and len(found) > 1 or len(found) == 1:
+        have = counts.pop()
+        implied = f", which K / {have} = {k // have} would give" if have and k % have == 0 else ""
+        shapes = ", ".join(f"{name} {shape}" for name, (_, shape) in found.items())
+        raise CheckpointError(f"{fmt}: config {field}={group_size} gives ceil(K/G) = {want} group(s) for K = {k}, but "
+                              f"{shapes} hold {have}: expected {field} to match the file{implied}")
+    right = [name for name in found if name not in wrong]
+    for name, (have, shape) in wrong.items():
+        raise CheckpointError(f"{fmt} {name}: expected {want} groups (K = {k}, {field} = {group_size}; {', '.join(right)} "
+                              f"hold{'s' if len(right) == 1 else ''} {want}), found {have} in its shape {shape}")
 
 
 def _require(prefix: str, parts: Mapping[str, torch.Tensor], names: tuple[str, ...], fmt: str) -> None:

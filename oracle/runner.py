@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Sequence
 from .cases import Case
 from .check import CaseReport, probe_key
 
-# Seconds per unit of work on one core of a 2-core CI machine (oracle.runner.case_cost): a rough
-# scale for the estimate printed before a long CPU run, not a promise.
-CPU_SECONDS_PER_UNIT = 2.0e-8
+# Seconds per unit of work (oracle.runner.case_cost) on a 2-core CPU machine with an interpreted
+# Triton kernel in the run: a rough scale for the estimate printed before a CPU run, not a promise.
+CPU_SECONDS_PER_UNIT = 5.0e-8
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -44,13 +44,14 @@ def groups_of(cases: Iterable[Case]) -> list[list[Case]]:
 
 
 def case_cost(case: Case, probed: bool) -> float:
-    """Work units of one case: the reference and the kernel over M rows, plus (once per weight
-    configuration) building the weight and running the probes' one-hot and group rows."""
+    """Work units of one case: the reference and the kernel over M rows (and a fixed cost per
+    call), plus (once per weight configuration) building the weight and running the probes, whose
+    one-hot rows cost far less each than a random row (no reference product, wide tiles)."""
     nk = case.n * case.k
     cost = nk * (case.m + 8)
     if probed:
         group = case.k if case.group_size == -1 else case.group_size
-        cost += nk * (min(case.k, 4096) + case.k // group + 40)
+        cost += nk * (min(case.k, 4096) // 8 + case.k // group + 40)
     return float(cost)
 
 

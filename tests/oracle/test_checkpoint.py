@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from oracle.canonical import QuantizedWeight
 from oracle.checkpoint import read_checkpoint, write_checkpoint
@@ -269,7 +269,13 @@ REPORTED = [
     ("scales-wrong-shape", {"scales": torch.ones(2, 32, dtype=torch.float16)}, AWQ_QC,
      rf"layer '{LAYERS[1]}': AutoAWQ GEMM scales: expected shape \[\*, 16\].*got float16 \[2, 32\]"),
     ("scales-wrong-group-count", {"scales": torch.ones(3, 16, dtype=torch.float16)}, AWQ_QC,
-     rf"layer '{LAYERS[1]}': AutoAWQ GEMM qzeros: expected shape \[3, 2\]"),
+     rf"layer '{LAYERS[1]}': AutoAWQ scales: expected 2 groups \(K = 64, group_size = 32; qzeros holds 2\), found 3"),
+    ("scales-row-dropped", {"scales": torch.ones(1, 16, dtype=torch.float16)}, AWQ_QC,
+     rf"layer '{LAYERS[1]}': AutoAWQ scales: expected 2 groups \(K = 64, group_size = 32; qzeros holds 2\), found 1 "
+     r"in its shape \[1, 16\]"),
+    ("config-group-size-wrong", {}, {**AWQ_QC, "group_size": 64},
+     r"AutoAWQ: config group_size=64 gives ceil\(K/G\) = 1 group\(s\) for K = 64, but scales \[2, 16\], qzeros "
+     r"\[2, 2\] hold 2: expected group_size to match the file, which K / 2 = 32 would give"),
     ("group-size-not-dividing-k", {}, {**AWQ_QC, "group_size": 48},
      r"group_size: expected a divisor of K=64 \(or -1\), got 48"),
     ("asym-declared-symmetric", {}, {**AWQ_QC, "zero_point": False},
@@ -309,3 +315,18 @@ def test_no_config_and_no_layers_are_reported(tmp_path):
         read_checkpoint(tmp_path / "model.safetensors", AWQ_QC)
     with pytest.raises(CheckpointError, match=r"expected a .safetensors file or a directory"):
         read_checkpoint(tmp_path / "missing.safetensors", AWQ_QC)
+
+
+def test_skipped_tensors_are_listed_on_request(tmp_path):
+    """Everything not read into a quantized weight is named with the reason, a quantized layer's
+    own bias included."""
+    layers = make_layers(False)
+    path = tmp_path / "model.safetensors"
+    qc = write_checkpoint(path, layers, "awq")
+    save_file(dict(load_file(str(path))) | PLAIN, str(path))
+    skipped: list[tuple[str, str]] = []
+    assert_same_layers(read_checkpoint(path, qc, skipped=skipped), layers)
+    assert f"{LAYERS[0]}.bias" in PLAIN
+    assert dict(skipped) == {name: "the quantized layer's bias" if name == f"{LAYERS[0]}.bias"
+                             else "not part of a quantized layer" for name in PLAIN}
+    assert read_checkpoint(path, qc).keys() == layers.keys()
