@@ -24,21 +24,20 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import torch
 
 from optimized.policy import INTERPRETER, policy_for
 from optimized.tile_configs import TileConfig, check_config, fit_config
 from oracle.canonical import QuantizedWeight
-from oracle.layouts import to_kernel_layout, to_tinygemm
+from oracle.layouts import to_kernel_layout
+from oracle.peers import TINYGEMM_GROUPS, gemlite_layer, tinygemm_weight
 from oracle.reference import reference_matmul
 from oracle.shapes import LinearShape
 
 from . import candidates
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-TINYGEMM_GROUPS = (32, 64, 128, 256)
 SHIFTS = tuple(range(0, 32, 4))  # nibble i of an int32 word sits at bits 4i..4i+3 (natural order)
 
 Call = Callable[[torch.Tensor], torch.Tensor]
@@ -198,33 +197,14 @@ def build_dequant_dense(w: QuantizedWeight, dtype: torch.dtype) -> Call:
     return lambda x: torch.nn.functional.linear(x, dequantize_packed(kw.qweight, kw.scales, kw.zeros, w.group, shifts))
 
 
-def inner_k_tiles(k: int) -> int:
-    """tinygemm's innerKTiles: the largest of 8, 4, 2 that its K tiling accepts."""
-    return next((t for t in (8, 4, 2) if k % (t * 32) == 0), 2)
-
-
 def build_tinygemm(w: QuantizedWeight, dtype: torch.dtype) -> Call:
-    t = to_tinygemm(w)
-    packed = torch.ops.aten._convert_weight_to_int4pack(t["weight_uint8"], inner_k_tiles(w.k))
-    scales_and_zeros, group = t["scales_and_zeros"], w.group
+    packed, scales_and_zeros = tinygemm_weight(w)
+    group = w.group
     return lambda x: torch.ops.aten._weight_int4pack_mm(x, packed, group, scales_and_zeros)
 
 
-_gemlite_configured = False
-
-
 def build_gemlite(w: QuantizedWeight, dtype: torch.dtype) -> Call:
-    import gemlite  # lazily: it touches the GPU at import
-
-    global _gemlite_configured
-    if not _gemlite_configured:
-        # No bundled config matches "NVIDIA H200"; without one it autotunes on first call.
-        config = Path(gemlite.__file__).parent / "configs" / "h100.json"
-        if config.exists() and hasattr(gemlite, "load_config"):
-            gemlite.load_config(str(config))
-        _gemlite_configured = True
-    layer = gemlite.helper.A16W4_HQQ_INT(device=w.q.device.type, dtype=dtype).from_weights(
-        w.q, w.scales, w.zeros_or_default().to(dtype))
+    layer = gemlite_layer(w, dtype, autotune=True)
     return lambda x: layer(x)
 
 
