@@ -159,19 +159,23 @@ _last_weight: dict[tuple, tuple[QuantizedWeight, torch.Tensor]] = {}
 
 def make_inputs(case: Case, seed: int = 0, device: torch.device | str = "cpu") -> CaseInputs:
     """Realistic data: a quantized Gaussian, heavy-tailed or outlier-channel weight (by seed),
-    unit-variance activations, small bias. The same (case, seed) always gives the same tensors;
-    callers must not modify the weight (the next case of that weight shares it)."""
+    unit-variance activations, small bias, all drawn by a generator on `device` and built there
+    (quantizing a 70B-sized weight on a CPU takes many seconds, on a GPU milliseconds). The same
+    (case, seed, device) always gives the same tensors; another device draws other (equally
+    distributed) values. Callers must not modify the weight (the next case of that weight shares it)."""
     kind = WEIGHT_KINDS[seed % len(WEIGHT_KINDS)]
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     key = (case.n, case.k, case.group_size, case.symmetric, case.dtype, case.act_order, kind, seed, str(device))
     if key not in _last_weight:
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator(device=device).manual_seed(seed)
         w = random_quantized(case.n, case.k, case.group_size, case.symmetric, case.dtype, kind, g, case.act_order)
         _last_weight.clear()
-        _last_weight[key] = (w.to(device), g.get_state())
+        _last_weight[key] = (w, g.get_state())
     w, state = _last_weight[key]
-    g = torch.Generator()
+    g = torch.Generator(device=device)
     g.set_state(state)
-    x = torch.randn(case.m, case.k, generator=g).to(case.dtype)
-    bias = (0.1 * torch.randn(case.n, generator=g)).to(case.dtype) if case.bias else None
-    return CaseInputs(x.to(device), w, None if bias is None else bias.to(device))
+    x = torch.randn(case.m, case.k, generator=g, device=device).to(case.dtype)
+    bias = (0.1 * torch.randn(case.n, generator=g, device=device)).to(case.dtype) if case.bias else None
+    return CaseInputs(x, w, bias)

@@ -181,8 +181,9 @@ def _judge_one(spec: KernelSpec, case: Case, inputs, ref: Reference, baseline: t
 
 
 def _probe(spec: KernelSpec, case: Case, bias: torch.Tensor | None, seed: int, device: torch.device) -> ProbeResult:
-    """The exact probes, and for fp16 the fine-scale probes on a sample of the channels."""
-    g = torch.Generator().manual_seed(seed + 1)
+    """The exact probes, and for fp16 the fine-scale probes on a sample of the channels, with
+    weights drawn on the case's device."""
+    g = torch.Generator(device=device).manual_seed(seed + 1)
     weight = probe_weight(case.n, case.k, case.group_size, case.symmetric, case.dtype, g, case.act_order)
     result = _probe_with(spec, case, weight, bias, device, g)
     if case.dtype == torch.float16:

@@ -49,21 +49,22 @@ def load_spec(target: str):
     return spec
 
 
-def summary_table(results: dict, tier: str, device: str) -> Table:
-    table = Table(title=f"W4A16 parity, tier {tier}, on {device}")
+def summary_table(kernels: dict[str, list[dict]], title: str, seconds: bool = True) -> Table:
+    """One row per kernel from per-case result dicts (`report_json`'s "kernels"); seconds: show the
+    time column (left out where runs on other machines are merged)."""
+    table = Table(title=title)
     table.add_column("kernel", no_wrap=True)
-    for col in ("cases", "pass", "fail", "worst err/bound", "torch err/bound", "probe rows", "probe bad", "s"):
+    columns = ("cases", "pass", "fail", "worst err/bound", "torch err/bound", "probe rows", "probe bad")
+    for col in columns + (("s",) if seconds else ()):
         table.add_column(col, justify="right", no_wrap=True)
-    for name, reports in results.items():
-        verdicts = [r.verdict for r in reports if r.verdict is not None]
-        probes = [r.probe for r in reports if r.probe is not None]
-        failed = sum(not r.passed for r in reports)
-        worst = max((v.worst_ratio for v in verdicts), default=float("nan"))
-        base = max((v.baseline_worst_ratio or 0.0 for v in verdicts), default=float("nan"))
-        table.add_row(name, str(len(reports)), str(len(reports) - failed),
-                      f"[red]{failed}[/red]" if failed else "0", f"{worst:.3g}", f"{base:.3g}",
-                      str(sum(p.rows for p in probes)), str(sum(p.mismatches for p in probes)),
-                      f"{sum(r.seconds for r in reports):.1f}")
+    for name, rows in kernels.items():
+        failed = sum(not r["passed"] for r in rows)
+        ratios = [r["worst_ratio"] for r in rows if r["worst_ratio"] is not None]
+        base = [r["baseline_worst_ratio"] or 0.0 for r in rows if r["worst_ratio"] is not None]
+        cells = [name, str(len(rows)), str(len(rows) - failed), f"[red]{failed}[/red]" if failed else "0",
+                 f"{max(ratios, default=float('nan')):.3g}", f"{max(base, default=float('nan')):.3g}",
+                 str(sum(r["probe_rows"] or 0 for r in rows)), str(sum(r["probe_mismatches"] or 0 for r in rows))]
+        table.add_row(*cells, *([f"{sum(r['seconds'] for r in rows):.1f}"] if seconds else []))
     return table
 
 
@@ -169,8 +170,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     clock = Clock(work, len(devices))
     results: dict[str, list[CaseReport]] = {s.name: [] for s in specs}
     start = time.perf_counter()
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("failed {task.fields[failed]}"),
-                        TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True) if terminal else None
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("failed {task.fields[failed]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        console=console, transient=True) if terminal else None
     log = None if terminal else LogProgress(console, total, clock)
     task = progress.add_task("checking", total=total, failed=0) if progress else None
     failed = 0
@@ -204,7 +206,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         for r in [r for r in reports if not r.passed][: args.show_failures]:
             console.print(f"[red]FAIL[/red] {name} {r.case_id}")
             for part in (r.error, r.verdict and not r.verdict.passed and r.verdict.summary(),
-                         r.diagnosis and f"diagnosis: {r.diagnosis}", r.probe and not r.probe.passed and r.probe.summary()):
+                         r.diagnosis and f"diagnosis: {r.diagnosis}",
+                         r.probe and not r.probe.passed and r.probe.summary()):
                 if part:
                     console.print("  " + str(part).replace("\n", "\n  "), markup=False, highlight=False)
     for name, reports in results.items():
@@ -216,17 +219,60 @@ def cmd_check(args: argparse.Namespace) -> int:
             console.print(f"[yellow]NOTE[/yellow] {name}, {count} case(s): {note}", highlight=False)
     for e in errors:
         console.print(f"[red]ERROR[/red] {e}", highlight=False)
-    console.print(summary_table(results, args.tier, where))
     wall = time.perf_counter() - start
-    console.print(f"{sum(len(r) for r in results.values())} checks in {format_seconds(wall)}", highlight=False)
+    meta = {"tier": args.tier, "shard": args.shard, "devices": devices, "seed": args.seed, "wall_seconds": wall}
+    data = report_json(results, meta)
+    console.print(summary_table(data["kernels"], f"W4A16 parity, tier {args.tier}, on {where}"))
+    console.print(f"{sum(len(r) for r in results.values())} checks in {format_seconds(wall)}, seed {args.seed}",
+                  highlight=False)
     if args.json:
-        meta = {"tier": args.tier, "shard": args.shard, "devices": devices, "seed": args.seed, "wall_seconds": wall}
-        Path(args.json).write_text(json.dumps(report_json(results, meta), indent=1))
+        Path(args.json).write_text(json.dumps(data, indent=1))
     missing = total - sum(len(r) for r in results.values())
     return 1 if errors or missing or any(not r.passed for reports in results.values() for r in reports) else 0
 
 
+def merge_parity(inputs: list[Path]) -> dict:
+    """Parity JSON files (`check --json`, e.g. one per shard) as one: every kernel's cases from all
+    of them, in case order, with each file's shard, devices and seed. A case present twice is an
+    error: shards are disjoint."""
+    merged: dict[str, dict[str, dict]] = {}
+    runs = []
+    for path in inputs:
+        data = json.loads(Path(path).read_text())
+        runs.append({k: data.get(k) for k in ("tier", "shard", "devices", "seed", "wall_seconds")}
+                    | {"file": path.name})
+        for name, rows in data["kernels"].items():
+            own = merged.setdefault(name, {})
+            for row in rows:
+                if row["case"] in own:
+                    raise SystemExit(f"report: expected disjoint shards, but {name} {row['case']} is in two files")
+                own[row["case"]] = row
+    tiers = {r["tier"] for r in runs}
+    if len(tiers) != 1:
+        raise SystemExit(f"report: expected files of one tier, got {sorted(map(str, tiers))}")
+    from .cases import parity_cases
+
+    order = {c.id: i for i, c in enumerate(parity_cases(tiers.pop()))}
+    kernels = {name: sorted(rows.values(), key=lambda r: order.get(r["case"], len(order)))
+               for name, rows in merged.items()}
+    return {"kind": "parity", "runs": runs, "kernels": kernels}
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    kinds = {json.loads(Path(p).read_text()).get("kind") for p in args.inputs}
+    if kinds == {"parity"}:
+        merged = merge_parity(args.inputs)
+        console = Console() if sys.stdout.isatty() else Console(width=LOG_WIDTH)
+        shards = ", ".join(str(r["shard"] or "all") for r in merged["runs"])
+        title = f"W4A16 parity, tier {merged['runs'][0]['tier']}, shards {shards}"
+        console.print(summary_table(merged["kernels"], title, seconds=False))
+        if args.json:
+            Path(args.json).write_text(json.dumps(merged, indent=1))
+        return 1 if any(not r["passed"] for rows in merged["kernels"].values() for r in rows) else 0
+    if "parity" in kinds:
+        raise SystemExit("report: expected all parity JSON (check --json) or all benchmark JSON, got a mix")
+    if args.out is None:
+        raise SystemExit("report: benchmark JSON needs --out DIR for report.md and its plots")
     from .report import write_report
 
     # Quoted in the report as the command that regenerates it: input names, not their folders.
@@ -259,10 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--json", default=None, help="write per-case results here")
     check.add_argument("--show-failures", type=int, default=10)
     check.set_defaults(func=cmd_check)
-    report = sub.add_parser("report", help="pytest-benchmark JSON from tests/benchmarks -> markdown table and plots")
-    report.add_argument("inputs", nargs="+", type=Path, metavar="BENCH.json",
-                        help="pytest --benchmark-json output (several: merged, later files win per cell)")
-    report.add_argument("--out", type=Path, required=True, help="directory for report.md and the PNGs")
+    report = sub.add_parser("report", help="merge parity shards into one table, or turn pytest-benchmark JSON from "
+                                           "tests/benchmarks into a markdown report with plots")
+    report.add_argument("inputs", nargs="+", type=Path, metavar="FILE.json",
+                        help="`check --json` files (e.g. one per shard), or pytest --benchmark-json output "
+                             "(several: merged, later files win per cell)")
+    report.add_argument("--out", type=Path, default=None, help="benchmark JSON: directory for report.md and the PNGs")
+    report.add_argument("--json", default=None, help="parity JSON: write the merged per-case results here")
     report.add_argument("--no-plots", action="store_true", help="the markdown only (no matplotlib needed)")
     report.set_defaults(func=cmd_report)
     args = parser.parse_args(argv)

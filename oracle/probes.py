@@ -23,7 +23,7 @@ import torch
 
 from .canonical import QuantizedWeight, resolve_group_size
 from .errors import LayoutError, describe
-from .quantize import act_order_g_idx
+from .quantize import act_order_g_idx, device_of
 from .reference import reference_matmul
 
 # One-hot rows cost an [R, N] output each; above this many output elements the sweep samples K.
@@ -35,12 +35,14 @@ def probe_scales(n: int, groups: int, group_size: int, dtype: torch.dtype,
     """[N, groups] scales m * 2^e, m in 8..15, with e low enough that a whole group's sum
     (G * 225 * 2^e) stays below 2^14 and so finite in fp16."""
     e_max = min(-4, math.floor(14 - math.log2(group_size * 225)))
-    mant = torch.randint(8, 16, (n, groups), generator=generator).double()
-    exp = torch.randint(e_max - 3, e_max + 1, (n, groups), generator=generator).double()
+    device = device_of(generator)
+    mant = torch.randint(8, 16, (n, groups), generator=generator, device=device).double()
+    exp = torch.randint(e_max - 3, e_max + 1, (n, groups), generator=generator, device=device).double()
     return (mant * torch.exp2(exp)).to(dtype)
 
 
-def _groups(k: int, group_size: int, act_order: bool, generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
+def _groups(k: int, group_size: int, act_order: bool,
+            generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
     """(number of groups, act-order g_idx or None) of a probe weight."""
     g = resolve_group_size(group_size, k)
     if act_order:
@@ -55,8 +57,10 @@ def probe_weight(n: int, k: int, group_size: int, symmetric: bool, scale_dtype: 
     """Random q and z with 4-significant-bit scales (`probe_scales`); act_order: groups follow a
     random act-order g_idx."""
     groups, g_idx = _groups(k, group_size, act_order, generator)
-    q = torch.randint(0, 16, (n, k), generator=generator, dtype=torch.uint8)
-    zeros = None if symmetric else torch.randint(0, 16, (n, groups), generator=generator, dtype=torch.uint8)
+    device = device_of(generator)
+    q = torch.randint(0, 16, (n, k), generator=generator, dtype=torch.uint8, device=device)
+    zeros = None if symmetric else torch.randint(0, 16, (n, groups), generator=generator, dtype=torch.uint8,
+                                                 device=device)
     scales = probe_scales(n, groups, resolve_group_size(group_size, k), scale_dtype, generator)
     return QuantizedWeight(q, scales, zeros, group_size, g_idx)
 
@@ -73,32 +77,38 @@ def fine_scale_probe_weight(n: int, k: int, group_size: int, symmetric: bool,
     (at most 8 G |s|) stay finite and exact in fp32."""
     g = resolve_group_size(group_size, k)
     groups, g_idx = _groups(k, group_size, act_order, generator)
-    values = torch.tensor(FINE_VALUES, dtype=torch.uint8)
-    zeros = torch.full((n, groups), 8, dtype=torch.uint8) if symmetric else \
-        values[torch.randint(0, len(FINE_VALUES), (n, groups), generator=generator)]
-    q = values[torch.randint(0, len(FINE_VALUES), (n, k), generator=generator)]
+    device = device_of(generator)
+    values = torch.tensor(FINE_VALUES, dtype=torch.uint8, device=device)
+    zeros = torch.full((n, groups), 8, dtype=torch.uint8, device=device) if symmetric else \
+        values[torch.randint(0, len(FINE_VALUES), (n, groups), generator=generator, device=device)]
+    q = values[torch.randint(0, len(FINE_VALUES), (n, k), generator=generator, device=device)]
     e_max = min(-4, math.floor(14 - math.log2(g * 8 * 2048)))
-    mant = torch.randint(1024, 2048, (n, groups), generator=generator).double()
-    exp = torch.randint(e_max - 3, e_max + 1, (n, groups), generator=generator).double()
+    mant = torch.randint(1024, 2048, (n, groups), generator=generator, device=device).double()
+    exp = torch.randint(e_max - 3, e_max + 1, (n, groups), generator=generator, device=device).double()
     scales = (mant * torch.exp2(exp - 10)).to(torch.float16)
     return QuantizedWeight(q, scales, None if symmetric else zeros, group_size, g_idx)
 
 
 def one_hot_channels(weight: QuantizedWeight, generator: torch.Generator | None = None,
                      sample: bool = False) -> torch.Tensor:
-    """int64 [R]: the input channels to probe. Every channel when the [K, N] sweep is affordable
-    (and `sample` is off); otherwise, per group, its first and last channel and one aligned run of
-    8 (every nibble position of one packed word), so every zero point and scale is still reached."""
-    k = weight.k
+    """int64 [R] on the weight's device: the input channels to probe. Every channel when the
+    [K, N] sweep is affordable (and `sample` is off); otherwise, per group, its first and last
+    channel and one aligned run of 8 (every nibble position of one packed word), so every zero
+    point and scale is still reached."""
+    k, device = weight.k, weight.q.device
     if k * weight.n <= FULL_SWEEP_ELEMENTS and not sample:
-        return torch.arange(k)
-    gi = weight.group_index().cpu()
-    picks = []
-    for g in range(weight.num_groups):
-        members = (gi == g).nonzero().flatten()
-        start = int(torch.randint(0, max(1, members.numel() // 8), (1,), generator=generator)) * 8
-        picks += [members[:1], members[-1:], members[start:start + 8]]
-    return torch.unique(torch.cat(picks))
+        return torch.arange(k, device=device)
+    gi = weight.group_index()
+    order = torch.argsort(gi, stable=True)                       # each group's channels, contiguous
+    counts = torch.bincount(gi, minlength=weight.num_groups)
+    ends = torch.cumsum(counts, 0)
+    starts = ends - counts
+    runs = (counts // 8).clamp_min(1)
+    pick = (torch.rand(weight.num_groups, generator=generator, device=device_of(generator)).to(device) * runs).long()
+    run = (starts + 8 * pick).unsqueeze(1) + torch.arange(8, device=device)
+    run = torch.minimum(run, (ends - 1).unsqueeze(1))
+    positions = torch.cat([starts, ends - 1, run.flatten()])
+    return torch.unique(order[positions])
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--w4a16-kernel", action="append", default=[], metavar="package.module:spec",
                     help="a KernelSpec to run the parity matrix against (repeatable)")
     group.addoption("--w4a16-tier", choices=TIERS, default="cpu", help="case matrix size (default: cpu)")
-    group.addoption("--w4a16-device", default=None, help="cpu or cuda (default: cuda when available)")
+    group.addoption("--w4a16-device", default=None,
+                    help="cpu or cuda (default: on a GPU machine, xdist worker gwI on GPU I mod the visible GPUs)")
     group.addoption("--w4a16-seed", type=int, default=0, help="seed of the random inputs")
+    group.addoption("--w4a16-shard", default=None, metavar="i/n",
+                    help="only share i of n of the cases (whole weight groups; the n shares cover the tier)")
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -38,7 +41,9 @@ def _device(config: pytest.Config) -> str:
         return chosen
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    from .runner import worker_device
+
+    return worker_device(os.environ.get("PYTEST_XDIST_WORKER"), torch.cuda.device_count())
 
 
 class W4A16CaseItem(pytest.Item):
@@ -97,6 +102,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
     cases = parity_cases(config.getoption("w4a16_tier"))
     config.hook.pytest_w4a16_cases(config=config, cases=cases)
+    if config.getoption("w4a16_shard"):
+        from .runner import parse_shard, shard
+
+        try:
+            cases = shard(cases, *parse_shard(config.getoption("w4a16_shard")))
+        except ValueError as e:
+            raise pytest.UsageError(f"--w4a16-{e}") from None
     for target in targets:
         spec = load_spec(target)
         probed: set[tuple] = set()

@@ -10,6 +10,12 @@ from .errors import LayoutError, expect, expect_tensor
 WEIGHT_KINDS = ("gaussian", "heavy_tailed", "outlier_channels")
 
 
+def device_of(generator: torch.Generator | None) -> torch.device:
+    """Where tensors drawn from `generator` are made: its own device (the CPU without one), so a
+    CUDA generator builds inputs on the GPU that judges them."""
+    return torch.device("cpu") if generator is None else generator.device
+
+
 def quantize_rtn(w: torch.Tensor, group_size: int, symmetric: bool,
                  scale_dtype: torch.dtype = torch.float16, g_idx: torch.Tensor | None = None) -> QuantizedWeight:
     """Quantize a float weight [N, K] group by group along K.
@@ -60,12 +66,13 @@ def random_weight(n: int, k: int, kind: str = "gaussian", generator: torch.Gener
     """
     if kind not in WEIGHT_KINDS:
         raise LayoutError(f"weight kind: expected one of {WEIGHT_KINDS}, got {kind!r}")
-    base = torch.randn(n, k, generator=generator)
+    device = device_of(generator)
+    base = torch.randn(n, k, generator=generator, device=device)
     if kind == "heavy_tailed":
-        chi2 = (torch.randn(3, n, k, generator=generator) ** 2).sum(0)
+        chi2 = (torch.randn(3, n, k, generator=generator, device=device) ** 2).sum(0)
         base = base / (chi2 / 3).sqrt() / 3**0.5
     elif kind == "outlier_channels":
-        cols = torch.rand(k, generator=generator) < 0.01
+        cols = torch.rand(k, generator=generator, device=device) < 0.01
         base[:, cols] *= 20
     return base * std
 
@@ -74,9 +81,10 @@ def act_order_g_idx(k: int, group_size: int, generator: torch.Generator | None =
     """int32 [K] as GPTQ's act-order builds it: channels visited in a random order perm, group of
     channel perm[i] = i // G (the last group holds the remainder when G does not divide K)."""
     g = resolve_group_size(group_size, k)
-    perm = torch.randperm(k, generator=generator)
-    g_idx = torch.empty(k, dtype=torch.int32)
-    g_idx[perm] = (torch.arange(k) // g).to(torch.int32)
+    device = device_of(generator)
+    perm = torch.randperm(k, generator=generator, device=device)
+    g_idx = torch.empty(k, dtype=torch.int32, device=device)
+    g_idx[perm] = (torch.arange(k, device=device) // g).to(torch.int32)
     return g_idx
 
 

@@ -35,6 +35,15 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+def worker_device(worker: str | None, gpus: int) -> str:
+    """The device of one pytest-xdist worker: worker gwI runs on GPU I mod G (of the G visible
+    devices), so `pytest -n G` spreads a tier over G GPUs; without xdist, GPU 0; without GPUs, the CPU."""
+    if gpus == 0:
+        return "cpu"
+    index = int(worker[2:]) if worker and worker.startswith("gw") and worker[2:].isdigit() else 0
+    return f"cuda:{index % gpus}"
+
+
 def groups_of(cases: Iterable[Case]) -> list[list[Case]]:
     """The cases grouped by weight configuration (probe_key), in first-seen order."""
     groups: dict[tuple, list[Case]] = {}

@@ -1,10 +1,11 @@
 """The CLI's first contact: clear errors for specs it cannot load, progress in a log, shards."""
 
+import json
+
 import pytest
 
 from oracle import parity_cases
 from oracle.cli import main
-from oracle.runner import parse_shard, shard
 
 
 @pytest.mark.parametrize("target, expected", [
@@ -28,19 +29,25 @@ def test_progress_shows_in_a_log(capsys):
     assert table and "│" in table[0] and len(table[0]) <= 160
 
 
-@pytest.mark.parametrize("count", (1, 2, 3, 7))
-def test_shards_are_disjoint_whole_weight_groups_and_cover_the_tier(count):
-    cases = parity_cases("cpu")
-    shards = [shard(cases, i, count) for i in range(1, count + 1)]
-    ids = [c.id for s in shards for c in s]
-    assert sorted(ids) == sorted(c.id for c in cases) and len(ids) == len(set(ids))
-    for s in shards:
-        others = {(c.k, c.n, c.group_size, c.dtype, c.symmetric, c.act_order) for t in shards if t is not s for c in t}
-        assert not {(c.k, c.n, c.group_size, c.dtype, c.symmetric, c.act_order) for c in s} & others
-    assert shards == [shard(cases, i, count) for i in range(1, count + 1)], "not deterministic"
+def test_shard_reports_merge_into_the_single_runs_table(tmp_path, capsys):
+    """Two shards run apart, merged by `report`, give every case the verdict of the single run."""
+    for part in ("1/2", "2/2"):
+        assert main(["check", "oracle.baselines:torch_dequant", "--shard", part, "--workers", "1",
+                     "--json", str(tmp_path / f"shard{part[0]}.json")]) == 0
+    assert main(["check", "oracle.baselines:torch_dequant", "--workers", "1", "--json", str(tmp_path / "all.json")]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "shard1.json"), str(tmp_path / "shard2.json"),
+                 "--json", str(tmp_path / "merged.json")]) == 0
+    assert "shards 1/2, 2/2" in capsys.readouterr().out
+    merged = json.loads((tmp_path / "merged.json").read_text())["kernels"]
+    single = json.loads((tmp_path / "all.json").read_text())["kernels"]
+    keep = ("case", "passed", "worst_ratio", "violations", "probe_rows", "probe_mismatches", "diagnosis")
+    assert {k: [{f: r[f] for f in keep} for r in v] for k, v in merged.items()} == \
+        {k: [{f: r[f] for f in keep} for r in v] for k, v in single.items()}
 
 
-@pytest.mark.parametrize("text", ["0/2", "3/2", "1", "a/b"])
-def test_bad_shard_is_named(text):
-    with pytest.raises(ValueError, match="shard: expected 'i/n' with 1 <= i <= n"):
-        parse_shard(text)
+def test_overlapping_shards_are_refused(tmp_path):
+    main(["check", "oracle.baselines:torch_dequant", "--shard", "1/8", "--workers", "1",
+          "--json", str(tmp_path / "a.json")])
+    with pytest.raises(SystemExit, match="expected disjoint shards"):
+        main(["report", str(tmp_path / "a.json"), str(tmp_path / "a.json")])
