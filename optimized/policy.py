@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .tile_configs import PATHS, TileConfig, TileTable
+from .tile_configs import DEQUANT_TAGS, DEQUANTS, PATHS, TileConfig, TileTable
 
 POLICY_DIR = Path(__file__).resolve().parent / "policies"
 INTERPRETER = "interpreter"  # the device name of CPU tensors (Triton's interpreter)
@@ -105,8 +105,8 @@ def _tile(where: str, entry: dict) -> TileConfig:
     if missing:
         raise PolicyError(f"{where}: expected the tile fields {list(TILE_FIELDS)}, missing {missing}")
     cfg = TileConfig(**{f: entry[f] for f in TILE_FIELDS})
-    if cfg.path not in ("auto", *PATHS) or cfg.dequant not in ("f32", "half"):
-        raise PolicyError(f"{where}: expected path auto or one of {list(PATHS)} and dequant f32 or half, "
+    if cfg.path not in ("auto", *PATHS) or cfg.dequant not in DEQUANTS:
+        raise PolicyError(f"{where}: expected path auto or one of {list(PATHS)} and dequant one of {list(DEQUANTS)}, "
                           f"got {cfg.path!r}, {cfg.dequant!r}")
     return cfg
 
@@ -178,7 +178,7 @@ import math  # noqa: E402 - this section is appended to the file as a unit
 import re  # noqa: E402
 from collections.abc import Hashable, Iterable, Mapping  # noqa: E402
 
-_TILE_ID = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)p(\d+)(-gemv|-dot|-swap)?(-h)?")
+_TILE_ID = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)p(\d+)(-gemv|-dot|-swap)?(-h|-p)?")
 _TILE_PATHS = {None: "auto", "-gemv": "gemv", "-dot": "dot", "-swap": "dot_swap"}
 
 
@@ -187,9 +187,11 @@ def tile_from_id(text: str) -> TileConfig:
     found = _TILE_ID.fullmatch(text)
     if found is None:
         raise ValueError(f"{text!r} is not a tile id: expected m<block_m>n<block_n>k<block_k>s<split_k>"
-                         f"w<num_warps>p<num_stages>, then -gemv, -dot or -swap (path) and -h (half dequant)")
+                         f"w<num_warps>p<num_stages>, then -gemv, -dot or -swap (path) and -h or -p (half or pairs "
+                         f"dequant)")
     sizes = [int(v) for v in found.groups()[:6]]
-    return TileConfig(*sizes, path=_TILE_PATHS[found.group(7)], dequant="half" if found.group(8) else "f32")
+    dequant = next(name for name, tag in DEQUANT_TAGS.items() if tag == (found.group(8) or ""))
+    return TileConfig(*sizes, path=_TILE_PATHS[found.group(7)], dequant=dequant)
 
 
 def geometric_mean(values: Iterable[float]) -> float:

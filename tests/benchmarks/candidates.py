@@ -25,42 +25,36 @@ GROUPS: dict[str, tuple[tuple[int, int | None], tuple[TileConfig, ...]]] = {
         T(1, 128, 128, 8, 4, 1),
         T(1, 256, 128, 8, 4, 1),
         T(1, 128, 128, 16, 4, 1),
-        T(1, 256, 128, 32, 4, 1),
         T(1, 64, 256, 8, 4, 1),
-        # GEMV, several rows of x per program (each dequantized weight reused for every row).
-        T(2, 128, 128, 16, 4, 1, path="gemv"),
-        T(4, 64, 128, 16, 4, 1, path="gemv"),
-        # Tensor cores with the weight tile as the A operand (wgmma from registers on Hopper);
-        # the second is the M = 2..16 table tile.
-        T(16, 128, 128, 8, 4, 4, path="dot_swap", dequant="half"),
+        # Tensor cores with the weight tile as the A operand (wgmma from registers on Hopper): the
+        # M = 2..16 table tile, its plane-pair twin, and wider plane-pair tiles (fewer shuffles).
         T(16, 64, 128, 32, 4, 4, path="dot_swap", dequant="half"),
-        T(16, 128, 128, 32, 4, 4, path="dot_swap", dequant="half"),
-        T(16, 64, 256, 16, 4, 4, path="dot_swap", dequant="half"),
+        T(16, 64, 128, 32, 4, 4, path="dot_swap", dequant="pairs"),
+        T(16, 128, 128, 16, 4, 4, path="dot_swap", dequant="pairs"),
+        T(16, 128, 256, 8, 4, 3, path="dot_swap", dequant="pairs"),
     )),
     "mid": ((17, 256), (
-        # The 17..32, 33..64 and 65..256 table tiles first (all swapped, half dequant, which Triton
-        # 3.6 compiles at every group size), then more programs per SM (narrower N-tiles, split-K)
-        # and deeper K-tiles.
+        # The 17..32, 33..64 and 65..256 table tiles first (swapped, half dequant), then their
+        # plane-pair twins and 128-wide plane-pair tiles (wgmma A operand straight from registers).
         T(32, 64, 128, 4, 4, 4, path="dot_swap", dequant="half"),
         T(64, 64, 128, 2, 4, 3, path="dot_swap", dequant="half"),
         T(128, 64, 128, 2, 4, 3, path="dot_swap", dequant="half"),
-        T(64, 128, 64, 1, 4, 4, path="dot_swap", dequant="half"),
-        T(128, 128, 64, 1, 8, 3, path="dot_swap", dequant="half"),
-        T(64, 64, 128, 4, 4, 3, path="dot_swap", dequant="half"),
-        T(64, 128, 128, 2, 4, 3, path="dot_swap", dequant="half"),
-        T(128, 128, 64, 2, 8, 3, path="dot_swap", dequant="half"),
-        T(32, 64, 256, 4, 4, 3, path="dot_swap", dequant="half"),
-        T(128, 128, 128, 1, 8, 3, path="dot_swap", dequant="half"),
+        T(32, 64, 128, 4, 4, 4, path="dot_swap", dequant="pairs"),
+        T(64, 64, 128, 2, 4, 3, path="dot_swap", dequant="pairs"),
+        T(128, 64, 128, 2, 4, 3, path="dot_swap", dequant="pairs"),
+        T(32, 128, 128, 4, 4, 4, path="dot_swap", dequant="pairs"),
+        T(64, 128, 128, 2, 4, 3, path="dot_swap", dequant="pairs"),
+        T(128, 128, 128, 2, 4, 3, path="dot_swap", dequant="pairs"),
+        T(128, 128, 128, 1, 8, 3, path="dot_swap", dequant="pairs"),
+        T(64, 256, 128, 1, 8, 3, path="dot_swap", dequant="pairs"),
     )),
     "prefill": ((257, None), (
-        # The table tile first, then plain-path and deeper or wider tiles.
+        # The table tile first and its plane-pair twin, then wider and deeper plane-pair tiles.
         T(256, 128, 64, 1, 8, 3, path="dot_swap", dequant="half"),
-        T(128, 128, 64, 1, 8, 4),
-        T(128, 128, 128, 1, 8, 3, dequant="half"),
-        T(128, 256, 64, 1, 8, 3, dequant="half"),
-        T(256, 128, 64, 1, 8, 3, dequant="half"),
-        T(128, 128, 128, 1, 8, 3, path="dot_swap", dequant="half"),
-        T(128, 128, 256, 1, 8, 2, dequant="half"),
+        T(256, 128, 64, 1, 8, 3, path="dot_swap", dequant="pairs"),
+        T(128, 128, 128, 1, 8, 3, path="dot_swap", dequant="pairs"),
+        T(256, 128, 128, 1, 8, 3, path="dot_swap", dequant="pairs"),
+        T(128, 256, 128, 1, 8, 3, path="dot_swap", dequant="pairs"),
     )),
 }
 
