@@ -72,6 +72,7 @@ class Thresholds:
 
     source: str
     skinny_max_m: int
+    transient_min_m: int
     dense_min_m: int
 
 
@@ -135,14 +136,28 @@ def _skinny_prefers(call: Call, t: Thresholds) -> tuple[bool, str]:
     return OK
 
 
+def _transient_available(platform: Platform) -> tuple[bool, str]:
+    if platform.kind not in ("cuda", "rocm"):
+        return False, f"the transient path dequantizes with a GPU kernel, the call is on {platform.kind}"
+    return platform.triton
+
+
+def _transient_prefers(call: Call, t: Thresholds) -> tuple[bool, str]:
+    if call.m < t.transient_min_m:
+        return False, f"M={call.m} below transient_min_m={t.transient_min_m} ({t.source})"
+    return OK
+
+
 IMPLEMENTATIONS = {
     "dense": Implementation("dense", _always, _dense_fits, _dense_prefers),
     "skinny": Implementation("skinny", _skinny_available, _skinny_fits, _skinny_prefers),
+    # W dequantized into a workspace shared by every call (optimized/dequant.py), then cuBLAS.
+    "transient": Implementation("transient", _transient_available, _always, _transient_prefers),
     "triton": Implementation("triton", lambda platform: platform.triton, _always, _always),
     # Dequantize to x.dtype and multiply in fp32 with torch: slow, but runs anywhere.
     "torch": Implementation("torch", _always, _always, _always),
 }
-PRIORITY = ("dense", "skinny", "triton", "torch")
+PRIORITY = ("dense", "skinny", "transient", "triton", "torch")
 
 
 def requested(impl: str | None) -> str:
@@ -219,4 +234,5 @@ def _triton_importable() -> tuple[bool, str]:
 def thresholds_for(name: str) -> Thresholds:
     """The crossovers of the device called `name` (its policy file's "hybrid" section)."""
     policy = policy_for(name)
-    return Thresholds(policy.source, policy.hybrid.skinny_max_m, policy.hybrid.dense_min_m)
+    h = policy.hybrid
+    return Thresholds(policy.source, h.skinny_max_m, h.transient_min_m, h.dense_min_m)

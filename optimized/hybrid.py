@@ -36,7 +36,7 @@ def matmul(x: torch.Tensor, w: PreparedWeight, bias: torch.Tensor | None = None,
           including none with M = 0 rows (returns an empty result).
     w:    a PreparedWeight from `prepare`.
     bias: w.dtype [N] or None.
-    impl: "auto" (default), or "dense", "skinny", "triton", "torch" to force one; None reads
+    impl: "auto" (default), or "dense", "skinny", "transient", "triton", "torch" to force one; None reads
           $W4A16_IMPL (under torch.compile, once, when the call is traced: set it before).
     Returns w.dtype [..., N], contiguous; fp32 accumulation in every implementation.
     """
@@ -133,6 +133,16 @@ def _run_skinny(x: torch.Tensor, w: PreparedWeight, bias: torch.Tensor | None) -
                      w)
 
 
+def _run_transient(x: torch.Tensor, w: PreparedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    from .dequant import transient_dense  # imports triton, which may be absent
+
+    if w.perm is not None:
+        x = x.index_select(1, w.perm)
+    # The workspace holds N_pad rows in the prepared channel order; its first n rows are W's.
+    dense = transient_dense(w.qweight, w.scales, w.zeros, w.group_size)[: w.n]
+    return torch.nn.functional.linear(x, dense, bias)
+
+
 def _run_dense(x: torch.Tensor, w: PreparedWeight, bias: torch.Tensor | None) -> torch.Tensor:
     if x.device.type == "cpu":
         return _run_torch(x, w, bias)  # CPU half-precision GEMMs are slow and need not accumulate in fp32
@@ -153,6 +163,7 @@ def _dequantized(w: PreparedWeight) -> torch.Tensor:
 RUNNERS: dict[str, Callable[[torch.Tensor, PreparedWeight, torch.Tensor | None], torch.Tensor]] = {
     "dense": _run_dense,
     "skinny": _run_skinny,
+    "transient": _run_transient,
     "triton": _run_triton,
     "torch": _run_torch,
 }

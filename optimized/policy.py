@@ -4,8 +4,9 @@ A policy file holds three sections, and each decision in it carries its evidence
 measured it, the commit it ran at and a one-line summary of the numbers.
 
 * "triton": the Triton kernel's tile table (optimized/tile_configs.py fits a bucket to a call).
-* "hybrid": where the hybrid op stops preferring the skinny kernel (skinny_max_m) and, with a dense
-  cache, starts preferring the dense GEMM (dense_min_m).
+* "hybrid": where the hybrid op stops preferring the skinny kernel (skinny_max_m), starts
+  preferring the transient dequantize-then-GEMM path (transient_min_m) and, with a dense cache,
+  the dense GEMM (dense_min_m).
 * "skinny": the thresholds of the skinny kernel's plan (optimized/csrc/skinny_plan.h SkinnyPolicy,
   same field order as SKINNY_FIELDS).
 
@@ -39,10 +40,12 @@ class Evidence:
 
 @dataclass(frozen=True)
 class HybridThresholds:
-    """skinny_max_m: the skinny kernel is preferred for M <= this (it can run up to its own limit).
-    dense_min_m:  with a dense cache, the dense GEMM is preferred for M >= this."""
+    """skinny_max_m:    the skinny kernel is preferred for M <= this (it can run up to its own limit).
+    transient_min_m: W dequantized into a shared workspace, then one dense GEMM, for M >= this.
+    dense_min_m:     with a dense cache, the dense GEMM is preferred for M >= this."""
 
     skinny_max_m: int
+    transient_min_m: int
     dense_min_m: int
 
 
@@ -131,8 +134,12 @@ def parse(name: str, data: dict) -> Policy:
         raise PolicyError(f"{where} triton: expected ascending max_m, got {ms}")
     table = TileTable(name, int(t["target_programs"]), tuple(buckets), int(t.get("split_below", 0)))
     h = data["hybrid"]
-    hybrid = HybridThresholds(int(h["skinny_max_m"]), int(h["dense_min_m"]))
+    missing = [f for f in ("skinny_max_m", "transient_min_m", "dense_min_m") if f not in h]
+    if missing:
+        raise PolicyError(f"{where} hybrid: expected skinny_max_m, transient_min_m and dense_min_m, missing {missing}")
+    hybrid = HybridThresholds(int(h["skinny_max_m"]), int(h["transient_min_m"]), int(h["dense_min_m"]))
     evidence["hybrid"] = _evidence(f"{where} hybrid", h.get("evidence"))
+    evidence["hybrid.transient_min_m"] = _evidence(f"{where} hybrid.transient_min_m", h.get("transient_evidence"))
     s = data["skinny"]
     missing = [f for f in SKINNY_FIELDS if f not in s]
     if missing:
@@ -212,8 +219,8 @@ def skinny_max_m(ratio_by_m: Mapping[int, float]) -> int:
 
 
 def dense_min_m(ratio_by_m: Mapping[int, float]) -> int | None:
-    """ratio_by_m: M -> dense GEMM time / Triton time at that M (the geometric mean over the
-    shapes). The smallest measured M from which the dense GEMM is faster (ratio < 1) at every
+    """ratio_by_m: M -> dense GEMM (or transient path) time / Triton time at that M (the geometric
+    mean over the shapes). The smallest measured M from which it is faster (ratio < 1) at every
     larger measured M; None when it is slower at the largest measured M."""
     first = None
     for m in sorted(ratio_by_m, reverse=True):

@@ -66,10 +66,20 @@ def span(values) -> str:
 
 def fit_hybrid(cells: dict, current: policy.HybridThresholds, device: str) -> dict | None:
     skinny, dense = ratio_by_m(cells, "skinny", "triton"), ratio_by_m(cells, "dense", "triton")
-    if not skinny and not dense:
+    transient = ratio_by_m(cells, "transient", "triton")
+    if not skinny and not dense and not transient:
         return None
-    shapes = len({key[0] for c in ("skinny", "dense") for key in cells.get(c, {})})
-    parts, out = [], {"skinny_max_m": current.skinny_max_m, "dense_min_m": current.dense_min_m}
+    shapes = len({key[0] for c in ("skinny", "dense", "transient") for key in cells.get(c, {})})
+    parts, out = [], {"skinny_max_m": current.skinny_max_m, "dense_min_m": current.dense_min_m,
+                      "transient_min_m": current.transient_min_m}
+    fitted = policy.dense_min_m(transient) if transient else None
+    if fitted is not None:
+        out["transient_min_m"] = fitted
+        parts.append(f"the transient path took {span(r for m, r in transient.items() if m >= fitted)} Triton's "
+                     f"time from M {fitted} on")
+    else:
+        parts.append("transient_min_m kept (" + ("transient not measured" if not transient else
+                                                 f"transient slower than Triton at M {max(transient)}") + ")")
     if skinny:
         out["skinny_max_m"] = policy.skinny_max_m(skinny)
         won = [r for m, r in skinny.items() if m <= out["skinny_max_m"]]
@@ -168,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     skinny = score_skinny(cells, device)
     lines = [f"# Policy fit for {device} ({path.relative_to(ROOT)})", ""]
     if hybrid:
-        lines.append(f"- hybrid: skinny_max_m {current.hybrid.skinny_max_m} -> {hybrid['skinny_max_m']}, dense_min_m "
+        lines.append(f"- hybrid: skinny_max_m {current.hybrid.skinny_max_m} -> {hybrid['skinny_max_m']}, transient_min_m "
+                     f"{current.hybrid.transient_min_m} -> {hybrid['transient_min_m']}, dense_min_m "
                      f"{current.hybrid.dense_min_m} -> {hybrid['dense_min_m']}: {hybrid['summary']}")
     for t in triton:
         before = current.triton.buckets[t["bucket"]][1].id
@@ -193,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     data = json.loads(path.read_text())
     if hybrid:
         data["hybrid"].update(skinny_max_m=hybrid["skinny_max_m"], dense_min_m=hybrid["dense_min_m"],
-                              evidence=evidence(command, commit, hybrid["summary"]))
+                              transient_min_m=hybrid["transient_min_m"],
+                              evidence=evidence(command, commit, hybrid["summary"]),
+                              transient_evidence=evidence(command, commit, hybrid["summary"]))
     for t in triton:
         entry = data["triton"]["buckets"][t["bucket"]]
         tile = policy.tile_from_id(t["tile"])

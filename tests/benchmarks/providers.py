@@ -155,12 +155,13 @@ class HybridCall:
     """One prepared copy for the hybrid op; `chosen(m)` says which implementation it runs at M."""
 
     def __init__(self, w: QuantizedWeight, dtype: torch.dtype, package: str = "optimized",
-                 dense_cache: bool = False) -> None:
+                 dense_cache: bool = False, impl: str | None = None) -> None:
         self.hybrid = importlib.import_module(f"{package}.hybrid")
         self.prepared = self.hybrid.prepare(w, dtype, dense_cache=dense_cache)
+        self.impl = impl
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.hybrid.matmul(x, self.prepared)
+        return self.hybrid.matmul(x, self.prepared, impl=self.impl)
 
     def chosen(self, m: int) -> dict:
         c = self.hybrid.choose(m, self.prepared)
@@ -219,6 +220,11 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
     # runs what "hybrid" runs, so it is timed above it only; its copies are sized (and its GB/s
     # counted) by the dense weight, which its prefill calls read.
     Provider("hybrid_dense", partial(HybridCall, dense_cache=True), lambda k, n, g, sym: 2 * k * n, min_m=17,
+             module="optimized.hybrid"),
+    # The hybrid op forced onto its transient path (W dequantized into a shared workspace, then
+    # cuBLAS): the crossover transient_min_m is fitted from it. It reads the packed weight and
+    # writes and reads W once a call.
+    Provider("transient", partial(HybridCall, impl="transient"), w4_weight_bytes, min_m=17, cpu=False,
              module="optimized.hybrid"),
     Provider("dense", build_dense, lambda k, n, g, sym: 2 * k * n),
     Provider("dequant_dense", build_dequant_dense, w4_weight_bytes),

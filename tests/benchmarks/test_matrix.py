@@ -85,7 +85,8 @@ def test_forced_triton_providers_expand_and_keep_their_m_range() -> None:
         ms = {c.m for c in cells if c.provider == f"triton@{tile.id}"}
         assert ms == {m for m in matrix.ALL_M if lo <= m and (hi is None or m <= hi)}, tile.id
     assert candidates.m_range(candidates.GROUPS["decode"][1][0]) == (1, 16)
-    assert candidates.m_range(candidates.GROUPS["prefill"][1][-2]) == (17, None)  # in mid and prefill
+    shared = next(t for t in candidates.GROUPS["prefill"][1] if t in candidates.GROUPS["mid"][1])
+    assert candidates.m_range(shared) == (17, None)  # in mid and prefill
     # Forced providers are tuning sweeps, not inference paths: no decode-block cells.
     assert not block_matrix(sel.providers, timing=True, gpu=True)
 

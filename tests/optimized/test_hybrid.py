@@ -32,8 +32,9 @@ from oracle.layouts import KernelWeights, to_awq, to_compressed_tensors, to_gptq
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 GROUPS = (32, 64, 128, -1)
-# The priority the design fixes (dense > skinny > triton > torch); dispatch.PRIORITY must follow it.
-PRIORITY = ("dense", "skinny", "triton", "torch")
+# The priority the design fixes (dense > skinny > transient > triton > torch); dispatch.PRIORITY
+# must follow it.
+PRIORITY = ("dense", "skinny", "transient", "triton", "torch")
 
 PLATFORMS = {
     "h200": Platform("cuda", "NVIDIA H200", (True, ""), (True, "")),
@@ -123,6 +124,8 @@ def expected_impl(platform: Platform, m: int, group_size: int, has_dense: bool) 
     if (platform.kind in ("cuda", "rocm") and platform.skinny[0] and m <= min(t.skinny_max_m, skinny.MAX_M)
             and group_size in skinny.GROUP_SIZES):
         return "skinny"
+    if platform.kind in ("cuda", "rocm") and platform.triton[0] and m >= t.transient_min_m:
+        return "transient"
     return "triton" if platform.triton[0] else "torch"
 
 
@@ -131,7 +134,9 @@ def boundary_ms(platform: Platform) -> dict[int, str]:
     t = dispatch.thresholds_for(platform.name)
     ms: dict[int, str] = {}
     for label, m in (("1", 1), ("skinny_max_m", t.skinny_max_m), ("skinny_max_m+1", t.skinny_max_m + 1),
-                     ("dense_min_m-1", t.dense_min_m - 1), ("dense_min_m", t.dense_min_m), ("4096", 4096)):
+                     ("dense_min_m-1", t.dense_min_m - 1), ("dense_min_m", t.dense_min_m),
+                     ("transient_min_m-1", t.transient_min_m - 1), ("transient_min_m", t.transient_min_m),
+                     ("4096", 4096)):
         if m >= 1:
             ms.setdefault(m, label)
     return ms
@@ -222,6 +227,8 @@ UNAVAILABLE = [
                  id="skinny-channelwise"),
     pytest.param("dense", "h200", 4096, 32, False, "no dense cache", id="dense-without-cache"),
     pytest.param("triton", "cpu", 1, 32, False, PLATFORMS["cpu"].triton[1], id="triton-without-interpreter"),
+    pytest.param("transient", "cpu-interpreter", 4096, 32, False,
+                 "the transient path dequantizes with a GPU kernel, the call is on cpu", id="transient-on-cpu"),
 ]
 
 
@@ -624,3 +631,22 @@ def test_compiled_matmul_equals_eager(monkeypatch, lead, impl):
     for shape in lead:
         x = torch.randn(*shape, 128).half()
         assert torch.equal(compiled(x), f(x))
+
+
+@pytest.mark.parametrize("case_id", ("M5-N20-G32-asym-fp16-bias", "M4-N24-G64-asym-bf16-actorder-bias",
+                                     "M5-N20-Gm1-sym-bf16"))
+def test_transient_runner_matches_the_oracle(case_id):
+    """The transient path's runner on CPU tensors (its dequantization kernel under Triton's
+    interpreter, padded rows and act-order included): the same GEMM on the same bits as the dense
+    cache, so the same output, and within the oracle's bound."""
+    lead, n, k, group_size, symmetric, act_order, dtype, has_bias = NUMERIC_CASES[case_id]
+    w = make_weight(n, k, group_size, symmetric, act_order, seed=n * k)
+    w = w.with_scales(w.scales.to(dtype))
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randn(*lead, k, generator=gen).to(dtype)
+    bias = (0.5 * torch.randn(n, generator=gen)).to(dtype) if has_bias else None
+    y = hybrid.RUNNERS["transient"](x.reshape(-1, k), prepare(w, dtype), bias)
+    assert y.shape == (x.numel() // k, n) and y.dtype == dtype
+    dense = prepare(w, dtype, dense_cache=True).dense
+    assert torch.equal(y, torch.nn.functional.linear(x.reshape(-1, k), dense, bias))
+    judge_against_oracle(y, x, w, bias)
