@@ -404,3 +404,36 @@ def test_triton_paths_for_the_sanitizer(n: int, k: int, group: int, dname: str, 
         torch.cuda.synchronize()
         v = judge(y, reference_matmul(x, w, bias), dequant_dtype=dtype)
         assert v.passed, f"M={m}: {v.summary()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Every tile candidate the tuning sweep times, judged by the oracle (random data and exact probes)
+
+
+def candidate_cases():
+    from tests.benchmarks.candidates import candidates
+
+    return [pytest.param(cfg, dname, id=f"{cfg.id}-{dname}", marks=GPU_ONLY) for cfg in candidates()
+            for dname in DTYPES]
+
+
+@pytest.mark.parametrize("cfg, dname", candidate_cases())
+def test_tile_candidates_pass_the_oracle_on_the_device(cfg, dname: str) -> None:
+    """Each candidate forced on a tile-boundary shape (N 264 = two 128-row tiles and a bit, K 1024:
+    several K-tiles, both group layouts), with bias, at an M inside its range."""
+    from optimized.tile_configs import fit_config
+    from oracle import KernelSpec, case, check_case
+    from tests.benchmarks.candidates import m_range
+
+    lo, hi = m_range(cfg)
+    m = min(max(lo, 17 if cfg.use_dot else 1), hi or 4096)
+    table = policy_for(device_name(DEVICE)).triton
+    fitted = fit_config(cfg, 264, 1024, GROUP, table.target_programs, table.split_below)
+
+    def forced(x, qweight, scales, zeros, group_size, bias):
+        return w4a16_matmul(x, qweight, scales, zeros, group_size, bias, config=fitted)
+
+    spec = KernelSpec(f"triton@{cfg.id}", forced, dequant_roundings=1)
+    report = check_case(spec, case(k=1024, n=264, m=m, dtype=DTYPES[dname], group_size=GROUP, bias=True),
+                        device=DEVICE)
+    assert report.passed, (report.error, report.verdict and report.verdict.summary(), report.diagnosis)
