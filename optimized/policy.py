@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import re
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -180,10 +183,6 @@ def policy_for(device_name: str) -> Policy:
 # ---------------------------------------------------------------------------------------------
 # Fitting rules: how benchmark timings become the decisions above. tools/fit_policy.py applies
 # them to pytest-benchmark results of tests/benchmarks; they live here so that tests hold them.
-
-import math  # noqa: E402 - this section is appended to the file as a unit
-import re  # noqa: E402
-from collections.abc import Hashable, Iterable, Mapping  # noqa: E402
 
 _TILE_ID = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)p(\d+)(-gemv|-dot|-swap)?(-h|-p)?")
 _TILE_PATHS = {None: "auto", "-gemv": "gemv", "-dot": "dot", "-swap": "dot_swap"}
