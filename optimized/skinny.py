@@ -89,10 +89,10 @@ class SkinnyPlan:
 
 PLAN_FIELDS = 12  # integers of a plan (csrc/skinny_plan.h kPlanFields)
 
-OP = "w4a16::skinny_matmul"
-PLAN_OP = "w4a16::skinny_plan"
-EXTENSION_NAME = "w4a16_skinny"
-CSRC = Path(__file__).resolve().parent / "csrc"
+OP = "w4a16::skinny_matmul"  # the matmul op's name
+PLAN_OP = "w4a16::skinny_plan"  # the plan op's name
+EXTENSION_NAME = "w4a16_skinny"  # the name torch.utils.cpp_extension builds and caches the extension under
+CSRC = Path(__file__).resolve().parent / "csrc"  # the C++ sources
 
 torch.library.define(
     OP,
@@ -150,6 +150,7 @@ def _cuda_flags() -> list[str]:
     return ["-O3", "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
 
 
+# The kernel families' translation units, built side by side.
 FAMILY_UNITS = ("skinny_batch.cu", "skinny_ring.cu", "skinny_segment.cu", "skinny_stream.cu")
 
 

@@ -145,7 +145,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) ring_kernel(const Sk
   // The lane's rows row0 + kQuads * a. A row r past n reads row r - 8 c instead, the largest
   // below n that is congruent to r mod 8 (n >= 8 here): valid memory, and its sums are never
   // stored. So every row of the lane has the same r mod 8, the zero point's nibble. Element
-  // offsets fit in an int (the host checks n * k / 32).
+  // offsets fit in an int (the plan checks n * k / 32).
   const int row0 = warp_row0 + quad;
   const int tg = t / kChunksPerGroup;
   int rows[R];

@@ -124,7 +124,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kMinBlocks) segment_kernel(const
     count = (warp + 1) * block_iters / kWarps - first;
   }
 
-  // Element offsets fit in an int (the host checks n * k / 32). A zero-point word's block is that
+  // Element offsets fit in an int (the plan checks n * k / 32). A zero-point word's block is that
   // of its first set's row; a row past n in it is never stored, so its nibble does not matter.
   // The lane's chunk in iteration e of a unit is chunk0 + e * step, its group group0 +
   // e * step / (G / 32) (step is a multiple of G / 32). The offsets of iteration 0 are kept

@@ -17,7 +17,6 @@ compiled program is built once per run and shared by the xdist workers (tests/su
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -29,7 +28,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from optimized import skinny
 from optimized.contract import ContractError
 from tests.support import skinny_sass
-from tests.support.compilers import built_once, compile_or_fail, find_compiler
 from tests.support.skinny_emulator import (
     EMULATED_DEVICE,
     EmulatedPlanError,
@@ -56,7 +54,7 @@ def policy_with(**changes) -> list[float]:
 # Compilers
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sm90() -> Path:
     return skinny_sass.build_sm90()
 
@@ -128,39 +126,16 @@ def test_every_kernel_waits_for_its_predecessor_before_x_and_y(sm90, unit):
     assert not bad, f"kernels that may touch x or y before waiting for the previous kernel: {bad}"
 
 
-HIP_UNIT = """\
-#include "skinny_launch.cu"
-#include "skinny_batch.cu"
-#include "skinny_ring.cu"
-#include "skinny_segment.cu"
-#include "skinny_stream.cu"
-#if defined(__HIP_DEVICE_COMPILE__)
-#if defined(__gfx1030__)
-static_assert(W4_WARP_SIZE == 32, "compat.h warp size on gfx1030 (wave32)");
-#elif defined(__gfx90a__)
-static_assert(W4_WARP_SIZE == 64, "compat.h warp size on gfx90a (wave64)");
-#else
-#error "an unexpected offload target"
-#endif
-#endif
-"""
+@pytest.fixture(scope="module")
+def hip() -> Path:
+    return skinny_sass.build_hip()
 
 
-def test_hipcc_compiles_for_wave32_and_wave64():
-    """The launch and every family's unit in one HIP unit, for gfx1030 (wave32 RDNA) and gfx90a
-    (wave64 CDNA) in one compile; the warp size compat.h reports must be each target's, or rows and
-    lanes would not match."""
-    hipcc = find_compiler("hipcc")
-    command = [hipcc, "-std=c++17", "-O3", "--offload-arch=gfx1030", "--offload-arch=gfx90a", f"-I{CSRC}", "-c"]
-
-    def build(folder: Path) -> None:
-        (folder / "skinny_all.hip").write_text(HIP_UNIT)
-        compile_or_fail([*command, str(folder / "skinny_all.hip"), "-o", str(folder / "skinny.o")],
-                        env={**os.environ, "HIP_PLATFORM": "amd"})
-
-    sources = [*CSRC.glob("*.h"), *CSRC.glob("*.cuh"), *CSRC.glob("*.cu")]
-    folder = built_once("skinny_hipcc", sources, " ".join(command) + HIP_UNIT, build)
-    assert (folder / "skinny.o").stat().st_size > 0
+def test_hipcc_compiles_for_wave32_and_wave64(hip):
+    """The launch and every family's unit in one HIP unit compile for gfx1030 (wave32 RDNA) and
+    gfx90a (wave64 CDNA), each target seeing its own warp size in compat.h (skinny_sass.HIP_UNIT
+    asserts it), or rows and lanes would not match."""
+    assert (hip / "skinny.o").stat().st_size > 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,7 +298,7 @@ REFUSED = [
     ("engine-bogus", dict(engine="bogus"), "engine must be 'auto', 'mma' or 'simt', got 'bogus'"),
     ("engine-mma-on-sm75", dict(engine="mma", device=(68, 32, 65536, 65536, 75)),
      r"engine 'mma' needs compute capability 8.0\+"),
-    ("kernel-bogus", dict(kernel="seg_p"), "kernel must be 'auto' or one of batch, ring, segment"),
+    ("kernel-bogus", dict(kernel="persistent"), "kernel must be 'auto' or one of batch, ring, segment"),
     ("split-negative", dict(kernel="stream", split=-1), r"split must be 0 \(the plan's\) or positive, got -1"),
     ("split-with-auto", dict(split=2), "split must be 0 .* unless kernel names one other than segment_persistent"),
     ("split-with-persistent", dict(kernel="segment_persistent", split=1), "unless kernel names one other than"),
@@ -721,7 +696,7 @@ REJECTED = [
     pytest.param(dict(k=100, g=32), "K must be a multiple of 8", id="K-not-multiple-of-8"),
     pytest.param(dict(n=12), "Zero points must be int32 or uint32", id="asym-N-not-multiple-of-8"),
     pytest.param(dict(engine="tensor"), "engine must be one of", id="unknown-engine"),
-    pytest.param(dict(kernel="seg_p"), r"kernel must be 'auto' or one of \('batch', 'ring'", id="unknown-kernel"),
+    pytest.param(dict(kernel="persistent"), r"kernel must be 'auto' or one of \('batch', 'ring'", id="unknown-kernel"),
     pytest.param(dict(kernel=2), "kernel must be 'auto' or one of", id="kernel-as-an-index"),
     pytest.param(dict(overlap="early"), "overlap must be one of", id="unknown-overlap"),
     pytest.param(dict(kernel="stream", split=-1), r"split must be an int >= 0", id="split-negative"),

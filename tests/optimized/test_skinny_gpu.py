@@ -35,7 +35,7 @@ HAS_DEVICE = torch.cuda.is_available()
 HAS_MMA = HAS_DEVICE and torch.version.hip is None and torch.cuda.get_device_capability() >= (8, 0)
 
 pytestmark = pytest.mark.skipif(not HAS_DEVICE, reason="no CUDA or ROCm device: the skinny kernel runs on one only")
-needs_mma = pytest.mark.skipif(not HAS_MMA, reason="the tensor-core kernels need CUDA sm_80+")
+needs_mma = pytest.mark.skipif(HAS_DEVICE and not HAS_MMA, reason="the tensor-core kernels need CUDA sm_80+")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -158,7 +158,7 @@ CASES = [
      "packed zero points must be [N/8, K/G]"),
     ("bias-wrong-shape", with_(bias=lambda: torch.zeros(63, dtype=torch.bfloat16, device="cuda")), "bias must be"),
     ("scales-on-cpu", with_(scales=lambda: torch.ones(64, 2, dtype=torch.bfloat16)), "all tensors must be on"),
-    ("kernel-unknown", with_(kernel="seg_p"), "kernel must be 'auto' or one of"),
+    ("kernel-unknown", with_(kernel="persistent"), "kernel must be 'auto' or one of"),
     ("overlap-bogus", with_(overlap="bogus"), "overlap must be 'none' or 'weights'"),
     ("engine-bogus", with_(engine="bogus"), "engine must be 'auto', 'mma' or 'simt'"),
     ("policy-seven-values", with_(policy=lambda: skinny.policy_values()[:7]), "policy must hold 8 values"),

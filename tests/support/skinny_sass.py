@@ -1,7 +1,8 @@
-"""The skinny kernels' sm_90 build without a GPU: the extension's translation units compiled by nvcc
-with the flags an extension build adds (built once per run, tests/support/compilers.py), and what
-their SASS says: the kernels the default plan runs, and the instructions per weight of each one's
-main loop (the generic cubin readers are tests/support/sass.py).
+"""The skinny kernels' device builds without a GPU, each built once per run (tests/support/
+compilers.py): the extension's translation units compiled by nvcc for sm_90 with the flags an
+extension build adds, and by hipcc for AMD wave32 and wave64 targets; and what the sm_90 SASS says:
+the kernels the default plan runs, and the instructions per weight of each one's main loop (the
+generic cubin readers are tests/support/sass.py).
 
 Why instructions per weight: a decode kernel that issues an instruction in most of its scheduler
 cycles is bound by its instruction count, not by its loads, so the main loop's count per weight is
@@ -46,14 +47,50 @@ def build_sm90() -> Path:
             log = compile_or_fail(nvcc_command(nvcc, unit, folder / f"{unit.stem}.o"))
             (folder / f"{unit.stem}.log").write_text(log)
 
+        # The longest units first, so that the last one to finish is a short one.
+        longest_first = sorted(UNITS, key=lambda unit: unit.name not in ("skinny_segment.cu", "skinny_batch.cu"))
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            list(pool.map(compile_unit, UNITS))
+            list(pool.map(compile_unit, longest_first))
         compile_or_fail([nvcc, "-shared", "-Xlinker", "--no-undefined", "-o", str(folder / LIBRARY),
                          *(str(folder / f"{unit.stem}.o") for unit in UNITS)])
 
     sources = [*CSRC.glob("*.h"), *CSRC.glob("*.cuh"), *CSRC.glob("*.cu")]
     recipe = " ".join(nvcc_command(nvcc, Path("UNIT"), Path("OBJ")))
     return built_once("skinny_sm90", sources, recipe, build)
+
+
+# One HIP unit of the launch and every family's unit, whose warp size must be each target's.
+HIP_UNIT = """\
+#include "skinny_launch.cu"
+#include "skinny_batch.cu"
+#include "skinny_ring.cu"
+#include "skinny_segment.cu"
+#include "skinny_stream.cu"
+#if defined(__HIP_DEVICE_COMPILE__)
+#if defined(__gfx1030__)
+static_assert(W4_WARP_SIZE == 32, "compat.h warp size on gfx1030 (wave32)");
+#elif defined(__gfx90a__)
+static_assert(W4_WARP_SIZE == 64, "compat.h warp size on gfx90a (wave64)");
+#else
+#error "an unexpected offload target"
+#endif
+#endif
+"""
+
+
+def build_hip() -> Path:
+    """The folder holding skinny.o: HIP_UNIT compiled by hipcc for gfx1030 (wave32 RDNA) and gfx90a
+    (wave64 CDNA) in one compile."""
+    hipcc = find_compiler("hipcc")
+    command = [hipcc, "-std=c++17", "-O3", "--offload-arch=gfx1030", "--offload-arch=gfx90a", f"-I{CSRC}", "-c"]
+
+    def build(folder: Path) -> None:
+        (folder / "skinny_all.hip").write_text(HIP_UNIT)
+        compile_or_fail([*command, str(folder / "skinny_all.hip"), "-o", str(folder / "skinny.o")],
+                        env={**os.environ, "HIP_PLATFORM": "amd"})
+
+    sources = [*CSRC.glob("*.h"), *CSRC.glob("*.cuh"), *CSRC.glob("*.cu")]
+    return built_once("skinny_hipcc", sources, " ".join(command) + HIP_UNIT, build)
 
 
 def ptxas_report(log: str) -> dict[str, tuple[int, int, int, int]]:
