@@ -68,6 +68,7 @@ constexpr int kSharedReservePerBlock = 1024;
 enum class Engine : int { kSimt = 0, kMma = 1 };
 constexpr int kNumEngineNames = 3;
 constexpr const char* kEngineNames[kNumEngineNames] = {"auto", "mma", "simt"};
+constexpr int kEngineNameMma = 1, kEngineNameSimt = 2;  // indices into kEngineNames
 
 // The kernels, by mechanism (one header each):
 //  * kBatch (skinny_batch.cuh): a warp issues the loads of a batch of iterations, waits, computes.
@@ -498,7 +499,8 @@ struct SkinnyPlan {
 // SkinnyPlan.from_values reads them in the same order).
 constexpr int kPlanFields = 12;
 inline void plan_values(const SkinnyPlan& plan, int64_t (&out)[kPlanFields]) {
-  const int64_t head[7] = {plan.kernel, plan.engine == Engine::kMma ? 1 : 2, plan.split, plan.blocks, plan.stages,
+  const int64_t engine = plan.engine == Engine::kMma ? kEngineNameMma : kEngineNameSimt;
+  const int64_t head[7] = {plan.kernel, engine, plan.split, plan.blocks, plan.stages,
                            plan.shared_bytes, plan.workspace_floats};
   for (int i = 0; i < 7; ++i) out[i] = head[i];
   for (int i = 0; i < 5; ++i) out[7 + i] = plan.summation[i];
@@ -552,11 +554,11 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
 
   // The engine: tensor cores where the device has mma.sync (CUDA sm_80+), asked for or by default.
   const bool has_mma = !W4_HIP && d.compute_capability >= 80;
-  if (engine_asked == 1 && !has_mma) {
+  if (engine_asked == kEngineNameMma && !has_mma) {
     return fail(W4_HIP ? "engine 'mma' is CUDA-only (tensor-core mma.sync); use 'simt'"
                        : "engine 'mma' needs compute capability 8.0+, the device has " + num(d.compute_capability));
   }
-  const bool mma = engine_asked != 2 && has_mma;
+  const bool mma = engine_asked != kEngineNameSimt && has_mma;
   plan.engine = mma ? Engine::kMma : Engine::kSimt;
 
   // The kernel that takes the request, which sets the split rule. The segmented kernels are mma
@@ -638,7 +640,7 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
   // follows M_PAD, the stream kernel's its warps along N, the persistent one's its grid too.
   const int order = kernel == kRing && !mma ? kBatch : kernel == kSegmentSmem ? kSegment : kernel;
   const int tile = is_segment(kernel) ? m_pad : kernel == kStream ? stream_warps_n(m) : 0;
-  const int64_t summation[5] = {plan.engine == Engine::kMma ? 1 : 2, order, tile, plan.split,
+  const int64_t summation[5] = {mma ? kEngineNameMma : kEngineNameSimt, order, tile, plan.split,
                                 kernel == kSegmentPersistent ? plan.blocks : 0};
   for (int i = 0; i < 5; ++i) plan.summation[i] = summation[i];
   return plan;

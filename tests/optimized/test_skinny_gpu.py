@@ -23,6 +23,7 @@ import math
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -194,14 +195,26 @@ def run_case(name: str) -> dict:
     return {"ok": fragment is None and bool(torch.isfinite(y).all()), "error": None, "expected": fragment}
 
 
+@pytest.fixture(scope="module")
+def device_cases() -> dict[str, dict]:
+    """Every case of CASES in a child process of its own (8 at a time): {case: its result, or
+    {"ok": False, "crashed": exit status, "tail": its output} where the child died}."""
+    def run(case: str) -> tuple[str, dict]:
+        proc = subprocess.run([sys.executable, "-X", "faulthandler", __file__, case], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if proc.returncode != 0:
+            return case, {"ok": False, "crashed": proc.returncode, "tail": (proc.stdout + proc.stderr)[-3000:]}
+        return case, json.loads(proc.stdout.strip().splitlines()[-1])
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return dict(pool.map(run, [c[0] for c in CASES]))
+
+
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
-def test_raw_op_check_on_the_device(case):
+def test_raw_op_check_on_the_device(device_cases, case):
     """The op called directly with one violation raises RuntimeError naming what was expected (or,
-    for the valid cases, returns a finite output), in a child process of its own."""
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", __file__, case], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, f"the child crashed (exit status {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}"
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for the valid cases, returns a finite output), each case in a child process of its own."""
+    result = device_cases[case]
     assert result["ok"], result
 
 
