@@ -8,9 +8,9 @@
 #include <cstdint>
 
 #if defined(W4_EMU)
-// CPU emulation (skinny_emu.h, used by tests/test_skinny_compile.py): the CUDA code path with
-// every intrinsic and inline-asm instruction replaced by a host function, one std::thread per
-// GPU thread. Not a build target of the extension.
+// CPU emulation (skinny_emu.h, built by tests/support/skinny_emulator.py): the CUDA code path
+// with every intrinsic and inline-asm instruction replaced by a host function, one fiber per GPU
+// thread. Not a build target of the extension.
 #define W4_HIP 0
 #include "skinny_emu.h"
 #elif defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
@@ -95,7 +95,7 @@ static_assert(sizeof(half_t) == 2 && sizeof(bf16_t) == 2, "16-bit activation typ
 // called it or exited, so its blocks take SM slots as this kernel's last blocks drain; pdl_wait
 // blocks until the previous kernel has completed and its writes are visible. Reads of anything the
 // previous kernel may have written, and every write, must come after pdl_wait, by instructions
-// that cannot be moved above it (not read-only .nc loads: see skinny_core.cuh load_x).
+// that cannot be moved above it (not read-only .nc loads: see skinny_common.cuh load_x).
 __device__ __forceinline__ void pdl_trigger() {
 #if !W4_HIP && !W4_EMU && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -1,19 +1,31 @@
-// CPU emulation of the CUDA features the skinny kernel uses, so that its index arithmetic, ring
-// and reductions can be executed without a GPU (tests/test_skinny_compile.py builds
-// skinny_emulate.cpp with -DW4_EMU=1). One std::thread per GPU thread, one block at a time:
-//  * __syncthreads, and the warp-collective mma.sync and shuffles, meet at barriers (a warp
-//    whose lanes reach a different number of them deadlocks; the driver's watchdog reports it);
+// CPU emulation of the CUDA features the skinny kernels use, so that their index arithmetic, rings
+// and reductions run without a GPU (skinny_emulate.cpp, built with -DW4_EMU=1 by the tests). Each
+// GPU thread is a fiber of one OS thread, and blocks run one at a time:
+//  * __syncthreads, and the warp-collective mma.sync and shuffles, meet at barriers; a fiber that
+//    reaches one waits until every thread of its block or warp has, and a block whose fibers all
+//    wait (a warp whose lanes reach a different number of collectives) is reported as a deadlock;
 //  * fp16/bf16 fma and the tensor-core mma round exactly once from an exact (double) value.
-// Not a model of timing or of the hardware's own accumulation order.
+// Not a model of timing, of concurrency or of the hardware's own accumulation order.
 #pragma once
 
-#include <barrier>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <thread>
+#include <functional>
 #include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define W4EMU_ASAN 1
+#else
+#define W4EMU_ASAN 0
+#endif
 
 #define __device__
 #define __host__
@@ -82,8 +94,21 @@ inline double decode(uint32_t bits, int mbits, int ebits) {
   return neg ? -v : v;
 }
 
-inline double half_value(uint32_t b) { return decode(b & 0xFFFFu, 10, 5); }
-inline double bf16_value(uint32_t b) { return decode(b & 0xFFFFu, 7, 8); }
+// Every 16-bit pattern's value, fp16 then bf16 (decode, once).
+inline const double* value_table(bool bf16) {
+  static const std::vector<double> table = [] {
+    std::vector<double> t(2 * 65536);
+    for (uint32_t b = 0; b < 65536; ++b) {
+      t[b] = decode(b, 10, 5);
+      t[65536 + b] = decode(b, 7, 8);
+    }
+    return t;
+  }();
+  return table.data() + (bf16 ? 65536 : 0);
+}
+
+inline double half_value(uint32_t b) { return value_table(false)[b & 0xFFFFu]; }
+inline double bf16_value(uint32_t b) { return value_table(true)[b & 0xFFFFu]; }
 
 inline uint32_t fma_f16x2(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d = 0;
@@ -104,114 +129,308 @@ inline uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Blocks and threads.
+// Blocks, warps and threads (fibers).
+
+// `expected` fibers arrive; the last one runs the completion (if any) and releases the others.
+struct Barrier {
+  int expected = 0;
+  int arrived = 0;
+  unsigned phase = 0;
+};
 
 struct Warp {
-  std::barrier<> sync{32};
-  float shfl[32];
+  Barrier sync;
+  float shfl_in[32], shfl_out[32];
   uint32_t a[32][4], b[32][2];
-  float c[32][4];
+  float c[32][4], d[32][4];
 };
 
-struct Block {
-  // Dynamic shared memory starts as all-ones bits (NaN in both 16-bit types), so that a kernel
-  // reading what it never wrote shows in the emulated result.
-  Block(int threads, int shared_bytes)
-      : sync(threads), warps(threads / 32), dynamic_shared(static_cast<size_t>(shared_bytes + 15) / 16) {
-    for (auto& w : warps) w = std::make_unique<Warp>();
-    std::memset(static_cast<void*>(dynamic_shared.data()), 0xFF, dynamic_shared.size() * sizeof(uint4));
-  }
-  std::barrier<> sync;
-  std::vector<std::unique_ptr<Warp>> warps;
+// Switching between fibers: on x86-64 a minimal switch of the callee-saved registers (ucontext's
+// swapcontext makes a system call each time, which dominated the emulator's run time), elsewhere
+// ucontext.
+#if defined(__x86_64__)
+// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores
+// the stack pointer in *from and continues on the stack `to` (one that this function saved, or a
+// fresh one from new_context).
+extern "C" void w4emu_switch(void** from, void* to);
+asm(R"(
+.text
+.weak w4emu_switch
+.type w4emu_switch, @function
+w4emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size w4emu_switch, .-w4emu_switch
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+
+// A stack [stack, stack + bytes) that w4emu_switch enters at entry(), which must never return.
+inline void new_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  auto* top = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15});
+  *--top = 0;                                    // entry's return address: none
+  *--top = reinterpret_cast<uint64_t>(entry);    // where the switch's ret goes
+  for (int i = 0; i < 6; ++i) *--top = 0;        // rbp, rbx, r12..r15
+  *--top = 0x1F80ull | (0x037Full << 32);        // MXCSR, x87 control word: the defaults
+  c.sp = top;
+}
+
+inline void switch_context(Context& from, Context& to) { w4emu_switch(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t uc;
+};
+
+inline void new_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+
+inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
+struct Fiber {
+  Context context;
+  char* stack = nullptr;
+  unsigned tid = 0;
+  const Barrier* waiting = nullptr;  // the barrier it waits at, until its phase moves on
+  unsigned waiting_phase = 0;
+  bool done = false;
+};
+
+constexpr size_t kStackBytes = 256 * 1024;
+
+// One launch: its fibers (stacks kept from block to block) and the running block's shared state.
+struct Launch {
+  std::function<void()> body;
+  std::vector<Fiber> fibers;
+  char* stacks = nullptr;
+  size_t stacks_bytes = 0;
+  Context main;  // the scheduler's context
+  const void* main_bottom = nullptr;
+  size_t main_size = 0;
+  Barrier block_sync;
+  std::vector<Warp> warps;
   std::vector<uint4> dynamic_shared;
+  unsigned bid = 0, blocks = 0;
 };
 
-struct ThreadState {
-  Block* block = nullptr;
-  unsigned int tid = 0, bid = 0, blocks = 0;
-};
+inline Launch* launch_state = nullptr;  // the launch running (one at a time)
+inline Fiber* current = nullptr;        // the GPU thread running in it
 
-inline thread_local ThreadState self;
-
-inline Warp& my_warp() { return *self.block->warps[self.tid / 32]; }
+inline Warp& my_warp() { return launch_state->warps[current->tid / 32]; }
 
 template <typename T>
 T* dynamic_shared() {
-  return reinterpret_cast<T*>(self.block->dynamic_shared.data());
+  return reinterpret_cast<T*>(launch_state->dynamic_shared.data());
+}
+
+// From the running fiber back to the scheduler, until the scheduler resumes it.
+inline void yield() {
+  Fiber* self = current;
+#if W4EMU_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, launch_state->main_bottom, launch_state->main_size);
+#endif
+  switch_context(self->context, launch_state->main);
+#if W4EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+}
+
+template <typename Completion>
+inline void arrive_and_wait(Barrier& b, Completion&& completion) {
+  const unsigned phase = b.phase;
+  if (++b.arrived == b.expected) {
+    completion();
+    b.arrived = 0;
+    ++b.phase;
+    return;
+  }
+  current->waiting = &b;
+  current->waiting_phase = phase;
+  yield();
+}
+
+inline void arrive_and_wait(Barrier& b) {
+  arrive_and_wait(b, [] {});
 }
 
 inline float shfl_xor(float v, int mask) {
   Warp& w = my_warp();
-  const unsigned lane = self.tid % 32;
-  w.shfl[lane] = v;
-  w.sync.arrive_and_wait();
-  const float r = w.shfl[lane ^ static_cast<unsigned>(mask)];
-  w.sync.arrive_and_wait();
-  return r;
+  const unsigned lane = current->tid % 32;
+  w.shfl_in[lane] = v;
+  arrive_and_wait(w.sync, [&w] { std::memcpy(w.shfl_out, w.shfl_in, sizeof(w.shfl_in)); });
+  return w.shfl_out[lane ^ static_cast<unsigned>(mask)];
 }
 
-// m16n8k16, row.col, f32 accumulate (see the PTX ISA fragment layouts).
+// m16n8k16, row.col, f32 accumulate, for the whole warp (see the PTX ISA fragment layouts): each
+// output is the 16 products summed in k order in double, plus C, rounded once to fp32.
+inline void warp_mma(Warp& w, bool bf16) {
+  const double* value = value_table(bf16);
+  double A[16][16], B[16][8];
+  for (int row = 0; row < 16; ++row) {
+    for (int k = 0; k < 16; ++k) {  // lane (row % 8, (k % 8) / 2)
+      const uint32_t reg = w.a[4 * (row % 8) + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
+      A[row][k] = value[(reg >> (16 * (k % 2))) & 0xFFFFu];
+    }
+  }
+  for (int k = 0; k < 16; ++k) {
+    for (int col = 0; col < 8; ++col) {  // lane (col, (k % 8) / 2)
+      const uint32_t reg = w.b[4 * col + (k % 8) / 2][k >= 8 ? 1 : 0];
+      B[k][col] = value[(reg >> (16 * (k % 2))) & 0xFFFFu];
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+      double s = 0.0;
+      for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+      w.d[lane][i] = static_cast<float>(s + static_cast<double>(w.c[lane][i]));
+    }
+  }
+}
+
 inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16) {
   Warp& w = my_warp();
-  const unsigned lane = self.tid % 32;
+  const unsigned lane = current->tid % 32;
   for (int i = 0; i < 4; ++i) {
     w.a[lane][i] = a[i];
     w.c[lane][i] = c[i];
   }
   w.b[lane][0] = b0;
   w.b[lane][1] = b1;
-  w.sync.arrive_and_wait();
-  auto val = [bf16](uint32_t reg, int h) { return bf16 ? bf16_value(reg >> (16 * h)) : half_value(reg >> (16 * h)); };
-  auto A = [&](int row, int k) {  // lane (row % 8, (k % 8) / 2)
-    const int src = 4 * (row % 8) + (k % 8) / 2;
-    const int reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
-    return val(w.a[src][reg], k % 2);
-  };
-  auto B = [&](int k, int col) {  // lane (col, (k % 8) / 2)
-    const int src = 4 * col + (k % 8) / 2;
-    return val(w.b[src][k >= 8 ? 1 : 0], k % 2);
-  };
-  const int g = static_cast<int>(lane) / 4, t = static_cast<int>(lane) % 4;
-  float d[4];
-  for (int i = 0; i < 4; ++i) {
-    const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
-    double s = 0.0;
-    for (int k = 0; k < 16; ++k) s += A(row, k) * B(k, col);
-    d[i] = static_cast<float>(s + static_cast<double>(w.c[lane][i]));
-  }
-  w.sync.arrive_and_wait();
-  for (int i = 0; i < 4; ++i) c[i] = d[i];
+  arrive_and_wait(w.sync, [&w, bf16] { warp_mma(w, bf16); });
+  for (int i = 0; i < 4; ++i) c[i] = w.d[lane][i];
 }
 
-inline void syncthreads() { self.block->sync.arrive_and_wait(); }
-inline void syncwarp() { my_warp().sync.arrive_and_wait(); }
+inline void syncthreads() { arrive_and_wait(launch_state->block_sync); }
+inline void syncwarp() { arrive_and_wait(my_warp().sync); }
+
+inline void fiber_entry() {
+#if W4EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &launch_state->main_bottom, &launch_state->main_size);
+#endif
+  launch_state->body();
+  current->done = true;
+#if W4EMU_ASAN
+  __sanitizer_start_switch_fiber(nullptr, launch_state->main_bottom, launch_state->main_size);
+#endif
+  switch_context(current->context, launch_state->main);  // never resumed
+}
+
+inline void resume(Fiber& f) {
+  current = &f;
+#if W4EMU_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, f.stack, kStackBytes);
+#endif
+  switch_context(launch_state->main, f.context);
+#if W4EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+}
+
+// Runs block `bid` to its end: every fiber until it waits at a barrier or finishes, round and
+// round, until all have finished.
+inline void run_block(Launch& l, int threads, int shared_bytes) {
+  l.block_sync = Barrier{threads};
+  l.warps.assign(static_cast<size_t>(threads / 32), Warp{});
+  for (Warp& w : l.warps) w.sync.expected = 32;
+  // Dynamic shared memory starts as all-ones bits (NaN in both 16-bit types), so that a kernel
+  // reading what it never wrote shows in the emulated result.
+  l.dynamic_shared.assign(static_cast<size_t>(shared_bytes + 15) / 16, make_uint4(~0u, ~0u, ~0u, ~0u));
+  for (Fiber& f : l.fibers) {
+    f.done = false;
+    f.waiting = nullptr;
+    new_context(f.context, f.stack, kStackBytes, fiber_entry);
+  }
+  for (;;) {
+    bool ran = false, all_done = true;
+    for (Fiber& f : l.fibers) {
+      if (f.done) continue;
+      all_done = false;
+      if (f.waiting != nullptr && f.waiting->phase == f.waiting_phase) continue;
+      f.waiting = nullptr;
+      resume(f);
+      ran = true;
+    }
+    if (all_done) return;
+    if (!ran) {
+      int waiting = 0;
+      for (const Fiber& f : l.fibers) waiting += f.done ? 0 : 1;
+      std::fprintf(stderr, "the emulated block %u deadlocked: %d of its %d threads wait at a barrier that the others "
+                   "never reach (a warp's lanes disagree on a collective operation?)\n", l.bid, waiting, threads);
+      std::fflush(stderr);
+      std::_Exit(3);
+    }
+  }
+}
 
 template <typename P>
 void launch(void (*kernel)(P), int blocks, int threads, const P& p, int shared_bytes = 0) {
-  for (int b = 0; b < blocks; ++b) {
-    Block block(threads, shared_bytes);
-    std::vector<std::thread> pool;
-    pool.reserve(static_cast<size_t>(threads));
-    for (int tid = 0; tid < threads; ++tid) {
-      pool.emplace_back([&, tid] {
-        self = ThreadState{};
-        self.block = &block;
-        self.tid = static_cast<unsigned>(tid);
-        self.bid = static_cast<unsigned>(b);
-        self.blocks = static_cast<unsigned>(blocks);
-        kernel(p);
-      });
-    }
-    for (auto& th : pool) th.join();
+  Launch l;
+  l.body = [kernel, &p] { kernel(p); };
+  l.blocks = static_cast<unsigned>(blocks);
+  // Each stack with an inaccessible page below it, so that an overflow faults.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  l.stacks_bytes = static_cast<size_t>(threads) * (kStackBytes + page);
+  void* region = mmap(nullptr, l.stacks_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                      -1, 0);
+  if (region == MAP_FAILED) {
+    std::fprintf(stderr, "could not map the emulated threads' stacks\n");
+    std::_Exit(2);
   }
+  l.stacks = static_cast<char*>(region);
+  l.fibers.resize(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) {
+    char* guard = l.stacks + static_cast<size_t>(t) * (kStackBytes + page);
+    mprotect(guard, page, PROT_NONE);
+    l.fibers[static_cast<size_t>(t)].stack = guard + page;
+    l.fibers[static_cast<size_t>(t)].tid = static_cast<unsigned>(t);
+  }
+  Launch* outer = launch_state;
+  launch_state = &l;
+  for (int b = 0; b < blocks; ++b) {
+    l.bid = static_cast<unsigned>(b);
+    run_block(l, threads, shared_bytes);
+  }
+  launch_state = outer;
+  current = nullptr;
+  munmap(region, l.stacks_bytes);
 }
 
 }  // namespace w4emu
 
-// The CUDA spellings the kernel and compat.h use.
-#define threadIdx (w4emu_dim{w4emu::self.tid})
-#define blockIdx (w4emu_dim{w4emu::self.bid})
-#define gridDim (w4emu_dim{w4emu::self.blocks})
+// The CUDA spellings the kernels and compat.h use.
+#define threadIdx (w4emu_dim{w4emu::current->tid})
+#define blockIdx (w4emu_dim{w4emu::launch_state->bid})
+#define gridDim (w4emu_dim{w4emu::launch_state->blocks})
 
 inline void __syncthreads() { w4emu::syncthreads(); }
 inline void __syncwarp() { w4emu::syncwarp(); }

@@ -272,8 +272,8 @@ def test_triton_nonfinite_like_reference(m, dtype, where, value):
         assert_nonfinite_like_reference(out, ref)
 
 
-# (engine, M, dtype): tensor-core and CUDA-core engines, the register-ring variant (M <= 8) and
-# the base variant (M > 8) under the default policy.
+# (engine, M, dtype) under the default plan: a segmented kernel (tensor cores, M = 1), the ring
+# (CUDA cores, M = 1) and the batch kernel (tensor cores, M = 12).
 SKINNY_PATHS = (("mma", 1, torch.float16), ("simt", 1, torch.bfloat16), ("mma", 12, torch.bfloat16))
 
 
@@ -281,9 +281,9 @@ SKINNY_PATHS = (("mma", 1, torch.float16), ("simt", 1, torch.bfloat16), ("mma", 
     pytest.param(engine, m, dtype, where, value, id=f"{engine}-M{m}-{str(dtype)[6:]}-{name}-in-{where}")
     for engine, m, dtype in SKINNY_PATHS for where in ("x", "scale") for name, value in SPECIALS.items()
 ])
-def test_skinny_emulated_nonfinite_like_reference(plain_emulator, tmp_path, engine, m, dtype, where, value):
+def test_skinny_emulated_nonfinite_like_reference(emulator, tmp_path, engine, m, dtype, where, value):
     x, w = planted(where, value, m, 64, 256, 64, dtype, seed=m)
-    y, _ = emulate_call(plain_emulator, tmp_path, x, to_kernel_layout(w, dtype), None, variant=-1, engine=engine)
+    y, _ = emulate_call(emulator, tmp_path, x, to_kernel_layout(w, dtype), None, engine=engine)
     assert_nonfinite_like_reference(y, reference_matmul(x, w).y_out)
 
 

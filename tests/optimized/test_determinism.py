@@ -12,10 +12,10 @@ Three properties, each checked by one function that the last section proves agai
 What each kernel promises about M (and so what is tested):
 * Triton (optimized/triton_w4a16.py, "Batch invariance"): bit-identical within one M bucket of
   its tile table; across a bucket edge only within the error bound.
-* skinny (csrc/skinny_core.cuh): deterministic; rows are computed independently, and the kernel,
-  split and mma tile depend on M only through default_variant and the segmented kernel's padded
-  M, so M invariance is tested within each of optimized.skinny.same_rows_ranges; its "stream"
-  variant within each of optimized.skinny.STREAM_BUCKETS.
+* skinny (optimized/csrc): deterministic; rows are computed independently, and M changes a row's
+  bits only where it changes the plan's summation order (SkinnyPlan.summation: the kernel, its
+  M-dependent tile and its split), so M invariance is tested within each run of M that shares one;
+  the stream kernel's within each of its M buckets.
 * the reference: fp64 torch matmul, row by row independent of M.
 """
 
@@ -33,7 +33,7 @@ from optimized.triton_w4a16 import w4a16_matmul
 from oracle import judge, random_quantized, reference_matmul
 from oracle.canonical import bit_equal
 from oracle.layouts import to_kernel_layout
-from tests.support.skinny_emulator import emulate_call
+from tests.support.skinny_emulator import emulate_call, emulated_plans
 
 # Other rows filled with NaN and Inf are part of the row-independence check: numpy's warnings
 # about them under the interpreter are noise.
@@ -125,53 +125,66 @@ SK, SN, SG = 512, 64, 64
 def skinny_run(binary, work, engine: str, dtype: torch.dtype, seed: int) -> tuple[Run, torch.Tensor]:
     w, x, bias = problem(SN, SK, SG, skinny.MAX_M, dtype, seed)
     kw = to_kernel_layout(w, dtype)
-    return (lambda xx: emulate_call(binary, work, xx, kw, bias, variant=-1, engine=engine)[0]), x
+    return (lambda xx: emulate_call(binary, work, xx, kw, bias, engine=engine)[0]), x
+
+
+def same_summation_ranges(engine: str, n: int = SN, k: int = SK, group_size: int = SG) -> list[tuple[int, int]]:
+    """(first M, last M) of each run of M whose default plans share their summation order (asymmetric
+    weights, as problem() makes)."""
+    plans = emulated_plans([dict(m=m, n=n, k=k, group_size=group_size, symmetric=False, engine=engine)
+                            for m in range(1, skinny.MAX_M + 1)])
+    ranges: list[tuple[int, int]] = []
+    for m, plan in enumerate(plans, 1):
+        if ranges and plan.summation == plans[ranges[-1][0] - 1].summation:
+            ranges[-1] = (ranges[-1][0], m)
+        else:
+            ranges.append((m, m))
+    return ranges
 
 
 ENGINES = {"mma-fp16": ("mma", torch.float16), "simt-bf16": ("simt", torch.bfloat16)}
-# M ranges that run one configuration under the default policy (problem() makes asymmetric weights).
+# The M ranges that share one summation order on this shape: the segmented kernels' padded M (1, 2,
+# 3..4), the ring to ring_max_m and the batch kernel above it on the tensor cores; the simt ring at
+# M = 1 adds as the batch kernel does at its split (test_same_rows_ranges_are_the_plans checks the
+# plan agrees).
+SAME_ROWS = {"mma": [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16)], "simt": [(1, 8), (9, 16)]}
 RANGES = [pytest.param(engine, dtype, lo, hi, id=f"{name}-M{lo}-{hi}") for name, (engine, dtype) in ENGINES.items()
-          for lo, hi in skinny.same_rows_ranges(engine=engine)]
+          for lo, hi in SAME_ROWS[engine]]
 
 
-
-def test_same_rows_ranges_split_at_the_segmented_tile():
-    assert skinny.same_rows_ranges() == [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16)]
-    assert skinny.same_rows_ranges(engine="simt") == [(1, 8), (9, 16)]
+def test_same_rows_ranges_are_the_plans():
+    for engine, ranges in SAME_ROWS.items():
+        assert same_summation_ranges(engine) == ranges, engine
 
 
 @pytest.mark.parametrize("engine, dtype", ENGINES.values(), ids=ENGINES.keys())
 @pytest.mark.parametrize("m", (1, skinny.MAX_M), ids=lambda m: f"M{m}")
-def test_skinny_deterministic(plain_emulator, tmp_path, engine, dtype, m):
-    run, x = skinny_run(plain_emulator, tmp_path, engine, dtype, seed=m)
+def test_skinny_deterministic(emulator, tmp_path, engine, dtype, m):
+    run, x = skinny_run(emulator, tmp_path, engine, dtype, seed=m)
     assert_deterministic(run, x[:m])
 
 
 @pytest.mark.parametrize("engine, dtype, lo, hi", [r for r in RANGES if r.values[3] > 1])  # M = 1 has no other rows
-def test_skinny_rows_independent(plain_emulator, tmp_path, engine, dtype, lo, hi):
-    run, x = skinny_run(plain_emulator, tmp_path, engine, dtype, seed=hi)
+def test_skinny_rows_independent(emulator, tmp_path, engine, dtype, lo, hi):
+    run, x = skinny_run(emulator, tmp_path, engine, dtype, seed=hi)
     assert_rows_independent(run, x[:hi], keep=lo - 1 + (hi - lo) // 2, seed=hi)
 
 
 @pytest.mark.parametrize("engine, dtype, lo, hi", [r for r in RANGES if r.values[3] > r.values[2]])
-def test_skinny_same_rows_within_a_range(plain_emulator, tmp_path, engine, dtype, lo, hi):
-    run, x = skinny_run(plain_emulator, tmp_path, engine, dtype, seed=lo)
+def test_skinny_same_rows_within_a_range(emulator, tmp_path, engine, dtype, lo, hi):
+    run, x = skinny_run(emulator, tmp_path, engine, dtype, seed=lo)
     assert_same_rows_for_every_m(run, x, tuple(sorted({lo, (lo + hi) // 2, hi})))
 
 
-@pytest.mark.parametrize("lo, hi", skinny.STREAM_BUCKETS, ids=lambda v: str(v))
-def test_skinny_stream_same_rows_within_a_bucket(plain_emulator, tmp_path, lo, hi):
-    """The stream variant plans its split for the bucket, not for M, so both ends of a bucket run
-    the same split and rows keep their bits. At K = 4096 on one SM, x of M = 9 fits the shared
-    memory of split 1 and M = 16 does not: a plan that followed M would split them differently.
-    The ring depth may follow M (M = 16 gets 2 slots there, M = 9 keeps 4): it only schedules the
-    loads, so the rows must keep their bits across it too."""
+@pytest.mark.parametrize("lo, hi", [(1, 2), (3, 4), (5, 8), (9, 16)], ids=lambda v: str(v))
+def test_skinny_stream_same_rows_within_a_bucket(emulator, tmp_path, lo, hi):
+    """The stream kernel plans its split for its bucket of M (1..2, 3..4, 5..8, 9..16), not for M,
+    so both ends of a bucket share a summation order and rows keep their bits. At K = 4096 on one
+    SM, x of M = 9 fits the shared memory of split 1 and M = 16 does not: a plan that followed M
+    would split them differently. The ring depth may follow M (M = 16 gets 2 slots there, M = 9
+    keeps 4): it only schedules the loads, so the rows must keep their bits across it too."""
     w, x, bias = problem(SN, 4096, SG, skinny.MAX_M, torch.bfloat16, seed=hi)
     kw = to_kernel_layout(w, torch.bfloat16)
-    stream = skinny.VARIANTS.index("stream")
-    runs = {m: emulate_call(plain_emulator, tmp_path, x[:m], kw, bias, variant=stream, engine="mma", num_sms=1)
-            for m in (lo, hi)}
-    assert runs[lo][1]["split"] == runs[hi][1]["split"], f"M={lo} ran {runs[lo][1]}, M={hi} ran {runs[hi][1]}"
+    runs = {m: emulate_call(emulator, tmp_path, x[:m], kw, bias, kernel="stream", num_sms=1) for m in (lo, hi)}
+    assert runs[lo][1].summation == runs[hi][1].summation, f"M={lo} ran {runs[lo][1]}, M={hi} ran {runs[hi][1]}"
     assert bit_equal(runs[lo][0], runs[hi][0][:lo]), first_difference(runs[lo][0], runs[hi][0][:lo])
-
-

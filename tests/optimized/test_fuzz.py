@@ -1,4 +1,4 @@
-"""Property-based fuzzing (issue 8): random problems at the kernels' tile boundaries, judged by the oracle.
+"""Property-based fuzzing: random problems at the kernels' tile boundaries, judged by the oracle.
 
 Every problem is drawn at a place where a kernel changes behaviour, and one either side: M at the
 edges of the tile table's M buckets and of its M-tiles; N at one and two N-tiles (and, on a GPU,
@@ -11,7 +11,7 @@ so they go through the same M bucket.
 
 Where:  on CPU (CI) the Triton kernel runs under its interpreter with the interpreter's tile table
         and shapes it gets through in about a second; with a GPU the same properties run with the
-        device's table and larger shapes, and the skinny kernel (every engine and variant) joins.
+        device's table and larger shapes, and the skinny kernel (every engine and kernel) joins.
 How long: W4A16_FUZZ=ci (default: derandomized, a few examples per property, about a minute on
         2 cores) or W4A16_FUZZ=long (random, hundreds of examples: the H200 run);
         W4A16_FUZZ_EXAMPLES=N overrides every property's example count.
@@ -76,11 +76,11 @@ INTERPRETER_STEPS = 48
 GPU_WEIGHT_ELEMENTS = 1 << 23
 GPU_PROBE_CALLS = 1024
 
-# csrc/skinny_host.h: output rows of one block at K-split 1 (kTileRows; split 2/4/8 gives 64/32/16),
-# k per iteration (kIterK), and iterations in flight in the pipelined kernel's ring (kPipeStages).
+# csrc/skinny_plan.h: output rows of a batch or ring block at K-split 1 (kTileRows; split 2/4/8 gives
+# 64/32/16), k per iteration (kIterK), and the ring kernel's register ring entries (kRingStages).
 SKINNY_TILE_ROWS = 128
 SKINNY_ITER_K = 128
-SKINNY_PIPE_STAGES = 4
+SKINNY_RING_STAGES = 4
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,13 +163,13 @@ def triton_boundaries(table: TileTable, m_limit: int, n_limit: int, interpreted:
 
 
 def skinny_boundaries() -> Boundaries:
-    """Every M up to MAX_M (the variant switch at REGS_MAX_M, M-tiles of 1/2/4/8/16 rows); N at
+    """Every M up to MAX_M (the plan's kernel switches, M-tiles of 1/2/4/8/16 rows); N at
     multiples of the smallest and largest block row count +-1 and +-8; K at multiples of one
-    iteration and of the pipelined kernel's ring."""
+    iteration and of the ring kernel's ring."""
     ns = {1, 8} | {j * r + d for r in (SKINNY_TILE_ROWS // 8, SKINNY_TILE_ROWS) for j in (1, 2, 3)
                    for d in (-8, -1, 0, 1, 8)}
     return Boundaries("skinny", skinny.GROUP_SIZES, tuple(range(1, skinny.MAX_M + 1)), tuple(sorted(ns)),
-                      (SKINNY_ITER_K, SKINNY_ITER_K * SKINNY_PIPE_STAGES), interpreted=False)
+                      (SKINNY_ITER_K, SKINNY_ITER_K * SKINNY_RING_STAGES), interpreted=False)
 
 
 # The interpreter's table on CPU (shapes up to about 3 K-tiles); the device's table on a GPU, up to
@@ -253,15 +253,14 @@ def probe_failure(spec: KernelSpec, p: Problem, device: torch.device = DEVICE) -
     return None if r.passed else f"{spec.name} {p!r}: {r.summary()}"
 
 
-def skinny_spec(engine: str, variant: int) -> KernelSpec:
+def skinny_spec(engine: str, kernel: str) -> KernelSpec:
     def fn(x, weight, scales, zeros, group_size, bias):
-        return skinny.skinny_matmul(x, weight, scales, zeros, group_size, bias, engine=engine, variant=variant)
+        return skinny.skinny_matmul(x, weight, scales, zeros, group_size, bias, engine=engine, kernel=kernel)
 
-    name = f"skinny-{engine}-{'default' if variant == -1 else skinny.VARIANTS[variant]}"
-    return KernelSpec(name=name, fn=fn, group_sizes=skinny.GROUP_SIZES, max_m=skinny.MAX_M)
+    return KernelSpec(name=f"skinny-{engine}-{kernel}", fn=fn, group_sizes=skinny.GROUP_SIZES, max_m=skinny.MAX_M)
 
 
-SKINNY_SPECS = [skinny_spec(e, v) for e in skinny.ENGINES for v in range(-1, len(skinny.VARIANTS))]
+SKINNY_SPECS = [skinny_spec(e, k) for e in skinny.ENGINES for k in ("auto", *skinny.KERNELS)]
 skinny_specs = st.sampled_from(SKINNY_SPECS)
 
 

@@ -1,0 +1,13 @@
+// The batch kernel's instances: both element types, every engine the platform has.
+#include "skinny_batch.cuh"
+
+namespace w4::detail {
+
+template void launch_batch<half_t, Engine::kSimt>(const SkinnyParams&, const SkinnyPlan&, stream_t);
+template void launch_batch<bf16_t, Engine::kSimt>(const SkinnyParams&, const SkinnyPlan&, stream_t);
+#if !W4_HIP
+template void launch_batch<half_t, Engine::kMma>(const SkinnyParams&, const SkinnyPlan&, stream_t);
+template void launch_batch<bf16_t, Engine::kMma>(const SkinnyParams&, const SkinnyPlan&, stream_t);
+#endif
+
+}  // namespace w4::detail
