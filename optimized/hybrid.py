@@ -41,7 +41,7 @@ def matmul(x: torch.Tensor, w: PreparedWeight, bias: torch.Tensor | None = None,
     Returns w.dtype [..., N], contiguous; fp32 accumulation in every implementation.
     """
     if not isinstance(w, PreparedWeight):
-        raise ContractError(f"w must be a PreparedWeight from optimized.hybrid.prepare(...), got {type(w).__name__}")
+        raise ContractError(f"w must be a PreparedWeight from optimized.prepare(...), got {type(w).__name__}")
     if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != w.k:
         raise ContractError(f"x must be a tensor [..., K] with K={w.k}, got {_desc(x)}")
     # Checked here as well as in the op: a call with one meta tensor dispatches to the fake

@@ -42,7 +42,7 @@ FORMATS = {
 
 @dataclass(frozen=True, eq=False)
 class PreparedWeight:
-    """A W4 weight in the kernel layout, ready for `optimized.hybrid.matmul`.
+    """A W4 weight in the kernel layout, ready for `optimized.matmul`.
 
     qweight:    int32 [N_pad, K/8], packed along K in natural nibble order (optimized/contract.py).
     scales:     float16/bfloat16 [N_pad, K/G], contiguous; the activation dtype calls must use.

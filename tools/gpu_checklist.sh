@@ -83,7 +83,7 @@ part_sanitize() {
 }
 
 part_bench() {
-  local golden forced rc=0
+  local golden rc=0
   golden=$(python3 -c "import torch; from tests.benchmarks.golden import golden_path
 print(golden_path(torch.cuda.get_device_name()))") || return
   [ -e "$out/golden.json" ] || { [ -e "$golden" ] && cp "$golden" "$out/golden.json"; }
@@ -93,9 +93,8 @@ print(golden_path(torch.cuda.get_device_name()))") || return
     --benchmark-json="$out/bench.json" || rc=1
   python3 -m oracle report "$out/bench.json" --out "$out/report" || rc=1
   # The tuning sweep for tools/fit_policy.py: forced tiles and kernels beside the choices they inform.
-  forced=$(python3 -c "from optimized import skinny; print(',skinny@all' if getattr(skinny, 'KERNELS', None) else '')")
   W4A16_BENCH_BUDGET_S=${SWEEP_BUDGET_S:-480} "${pytest[@]}" tests/benchmarks/test_matmul.py --benchmark-only \
-    --bench-providers "${SWEEP_PROVIDERS:-triton,skinny,dense,triton@all$forced}" --bench-m "${SWEEP_M:-all}" \
+    --bench-providers "${SWEEP_PROVIDERS:-triton,skinny,transient,dense,triton@all,skinny@all}" --bench-m "${SWEEP_M:-all}" \
     --bench-shapes "${SWEEP_SHAPES:-default}" --bench-golden "$out/no-golden.json" \
     --benchmark-json="$out/sweep.json" || rc=1
   return $rc

@@ -237,13 +237,6 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
 FORCED = ("triton", "skinny")  # the providers `name@choice` forces to one tile or kernel
 
 
-def skinny_kernels() -> tuple[str, ...]:
-    """The kernels `skinny_matmul(kernel=...)` takes in this checkout (none before it had the argument)."""
-    from optimized import skinny
-
-    return tuple(getattr(skinny, "KERNELS", ()))
-
-
 def expand(name: str) -> list[str]:
     """The provider names one --bench-providers item stands for: itself, or for triton@<group>
     and skinny@all every tile of the group or every kernel. Raises ValueError for a name that is
@@ -259,9 +252,8 @@ def expand(name: str) -> list[str]:
         except ValueError:
             return [f"triton@{tile}" for tile in candidates.group_ids(choice)]
     if base == "skinny":
-        kernels = skinny_kernels()
-        if not kernels:
-            raise ValueError(f"{name!r}: this checkout's optimized.skinny has no KERNELS (no kernel= argument)")
+        from optimized.skinny import KERNELS as kernels
+
         if choice == "all":
             return [f"skinny@{k}" for k in kernels]
         if choice not in kernels:

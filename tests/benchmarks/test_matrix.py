@@ -14,7 +14,7 @@ from oracle.shapes import unique_shapes
 from . import candidates, matrix, providers
 from .matrix import DEFAULTS, SelectionError, block_matrix, parse_m, parse_providers, parse_shapes, selection, smoke_matrix
 
-KERNELS = ("batch", "ring", "segment", "segment_smem", "segment_persistent", "stream")
+KERNELS = skinny.KERNELS
 
 
 def test_default_selection_is_the_llama_headline() -> None:
@@ -91,11 +91,7 @@ def test_forced_triton_providers_expand_and_keep_their_m_range() -> None:
     assert not block_matrix(sel.providers, timing=True, gpu=True)
 
 
-def test_skinny_kernels_are_providers_once_the_kernel_has_them(monkeypatch) -> None:
-    monkeypatch.delattr(skinny, "KERNELS", raising=False)
-    with pytest.raises(SelectionError, match="no KERNELS"):
-        parse_providers("skinny@ring")
-    monkeypatch.setattr(skinny, "KERNELS", KERNELS, raising=False)
+def test_skinny_kernels_are_providers() -> None:
     assert parse_providers("skinny@ring,skinny@stream") == ("skinny@ring", "skinny@stream")
     assert parse_providers("skinny@all") == tuple(f"skinny@{k}" for k in KERNELS)
     with pytest.raises(SelectionError, match="the skinny kernels are"):

@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-from oracle import parity_cases
 from oracle.cli import main
 
 
