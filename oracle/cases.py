@@ -168,14 +168,16 @@ def make_inputs(case: Case, seed: int = 0, device: torch.device | str = "cpu") -
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = (case.n, case.k, case.group_size, case.symmetric, case.dtype, case.act_order, kind, seed, str(device))
+    # Generators exist on the CPU and GPUs; inputs for another device are drawn on the CPU and moved.
+    draw = device if device.type in ("cpu", "cuda") else torch.device("cpu")
     if key not in _last_weight:
-        g = torch.Generator(device=device).manual_seed(seed)
+        g = torch.Generator(device=draw).manual_seed(seed)
         w = random_quantized(case.n, case.k, case.group_size, case.symmetric, case.dtype, kind, g, case.act_order)
         _last_weight.clear()
-        _last_weight[key] = (w, g.get_state())
+        _last_weight[key] = (w.to(device), g.get_state())
     w, state = _last_weight[key]
-    g = torch.Generator(device=device)
+    g = torch.Generator(device=draw)
     g.set_state(state)
-    x = torch.randn(case.m, case.k, generator=g, device=device).to(case.dtype)
-    bias = (0.1 * torch.randn(case.n, generator=g, device=device)).to(case.dtype) if case.bias else None
+    x = torch.randn(case.m, case.k, generator=g, device=draw).to(case.dtype).to(device)
+    bias = (0.1 * torch.randn(case.n, generator=g, device=draw)).to(case.dtype).to(device) if case.bias else None
     return CaseInputs(x, w, bias)

@@ -161,18 +161,21 @@ def _judge_one(spec: KernelSpec, case: Case, inputs, ref: Reference, baseline: t
         args = (spec, prepared, inputs.x, case.n, case.group_size, inputs.bias)
         out = timer.run("kernel", call_kernel, *args)
         verdict, notes = timer.run("verdict", _numerics, spec, case, out, ref, baseline)
+        found = None
         if not verdict.passed:
-            diagnosis = timer.run("verdict", lambda: diagnose(
+            found = timer.run("verdict", lambda: diagnose(
                 out, inputs.x, inputs.weight, inputs.bias, dequant_dtype=spec.dequant(case.dtype),
-                dequant_roundings=spec.dequant_roundings or 1, ref=ref).summary())
+                dequant_roundings=spec.dequant_roundings or 1, ref=ref))
+            diagnosis = found.summary()
         if spec.deterministic:
             error = timer.run("kernel", repeat_problem, *args, out)
         if error is None and spec.batch_invariant and case.m > 1:
             error = timer.run("kernel", batch_problem, *args, out)
         if probes:
             probe = timer.run("probes", _probe, spec, case, inputs.bias, seed, device)
-            if not probe.passed and probe.located:
-                # The probes pin row, group and channel exactly; random data can only fit a guess.
+            if not probe.passed and probe.located and (found is None or not found.global_mistake):
+                # The probes pin row, group and channel exactly, where random data named no mistake
+                # of the whole weight (a convention) and could at best fit a single-value guess.
                 diagnosis = "probes located: " + "; ".join(probe.located)
     except Exception as exc:  # a crashing kernel is a failed case, reported with its traceback
         error = describe_exception(exc)

@@ -257,6 +257,12 @@ class Diagnosis:
     def names(self) -> list[str]:
         return [name for name, _ in self.explained_by]
 
+    @property
+    def global_mistake(self) -> bool:
+        """Whether the output is explained by a mistake of the whole computation (a convention, a
+        dropped K tail, 16-bit sums) or left unwritten, rather than by one located value."""
+        return self.unwritten is not None or bool(self.explained_by) and self.explained_by[0][0] not in LOCATED
+
     def summary(self) -> str:
         if self.unwritten is not None:
             rows, cols = self.unwritten
@@ -285,6 +291,9 @@ def _unwritten(out: torch.Tensor, verdict_over: torch.Tensor) -> tuple[list[int]
     return (rows, cols) if (rows or cols) and bool((covered | ~bad).all()) else None
 
 
+# The explanations a search fits to single values (one zero point, one nibble pair), as opposed to
+# a mistake of the whole computation.
+LOCATED = ("single_zero_point", "swapped_nibbles")
 # At most this many output columns are searched for a single wrong zero point or nibble pair.
 MAX_SEARCH_COLUMNS = 64
 
