@@ -118,9 +118,10 @@ def test_crashing_kernel_is_a_failed_case_with_its_error():
 
 
 def test_cli_exit_codes(tmp_path, capsys):
-    assert main(["check", "oracle.baselines:torch_dequant", "--tier", "cpu", "--json", str(tmp_path / "r.json")]) == 0
+    one_worker = ["--tier", "cpu", "--shard", "3/16", "--workers", "1"]
+    assert main(["check", "oracle.baselines:torch_dequant", *one_worker, "--json", str(tmp_path / "r.json")]) == 0
     assert "torch-dequant" in capsys.readouterr().out and (tmp_path / "r.json").exists()
-    assert main(["check", "fixtures.specs:zero_point_off_by_one", "--tier", "cpu", "--show-failures", "1"]) == 1
+    assert main(["check", "fixtures.specs:zero_point_off_by_one", *one_worker, "--show-failures", "1"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "one-hot" in out
 
