@@ -264,6 +264,8 @@ def load_quantized(model: nn.Module, checkpoint_path: str | Path, config: Mappin
             if problem:
                 conflicts.append(f"{name}: {problem}")
             plan[name] = (w, prefix)
+    order = {name: i for i, name in enumerate(modules)}
+    plan = dict(sorted(plan.items(), key=lambda item: order[item[0]]))  # model order, for the report
     by_prefix = {prefix: name for name, (_, prefix) in plan.items()}
 
     # the checkpoint's other tensors: biases of quantized layers, and everything else
@@ -306,6 +308,7 @@ def load_quantized(model: nn.Module, checkpoint_path: str | Path, config: Mappin
                                                      "this quantized layer"))
 
     # Linears expected to be quantized
+    absent: set[str] = set()  # those without a checkpoint layer: their tensors are not listed again
     for name, module in modules.items():
         if name in plan or not isinstance(module, (nn.Linear, W4A16Linear)):
             continue
@@ -322,13 +325,14 @@ def load_quantized(model: nn.Module, checkpoint_path: str | Path, config: Mappin
         else:
             report.unmatched.append((name, f"nn.Linear expected to be quantized (not named by skip={list(skip)} "
                                            "or the checkpoint's exclusions), no layer of that name in the checkpoint"))
+            absent.add(name)
 
     # the model's tensors the checkpoint does not supply
     if load_other:
         supplied = {_storage(state[key]) for key in other}
         for key, t in state.items():
             owner = key.rpartition(".")[0]
-            if key in other or owner in plan or _storage(t) in supplied:
+            if key in other or owner in plan or owner in absent or _storage(t) in supplied:
                 continue
             report.unmatched.append((key, "model tensor the checkpoint does not hold: it would keep its current value"))
 
