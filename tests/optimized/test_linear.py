@@ -376,6 +376,8 @@ def test_cuda_graph_replay_equals_eager_and_the_oracle(m, dense):
         static_x.copy_(x)
         graph.replay()
         torch.cuda.synchronize()
-        # Every implementation here is deterministic: the replay gives eager's bits.
-        assert torch.equal(static_y, layer(x)), f"seed {seed}"
+        # skinny and Triton are deterministic: the replay gives eager's bits (cuBLAS, behind the
+        # dense cache, promises that only for one stream, and the capture runs on its own).
+        if not dense:
+            assert torch.equal(static_y, layer(x)), f"seed {seed}"
         assert_matches_oracle(static_y.cpu(), x.cpu(), w.to("cpu"), layer.bias.cpu())
