@@ -22,9 +22,10 @@ How it measures (DESIGN.md section 5, for a whole model):
 * Floor: the weight bytes one decode step reads (each Linear in the form its implementation reads
   at that batch, the norms and lm_head; the embedding's few rows left out) / the HBM bandwidth
   measured in the run (tests/benchmarks/timing.py).
-* Correctness first: each quantized provider's logits for the first decoded token after a 16-token
+* Correctness first: each quantized provider's logits for the first decoded token after a 40-token
   prompt are judged against the dense twins as tests/support/model_check.py derives it (every W4
-  layer by oracle.judge on what it was fed; ||Lq - L*|| <= 6 ||Ld - L*||). L* comes from a float32
+  layer by oracle.judge on what it was fed, in the prompt's prefill and in the step, so both the
+  large-M and the decode implementations are judged; ||Lq - L*|| <= 6 ||Ld - L*||). L* comes from a float32
   twin here (float64 would need 64 GB; float32's own rounding is 2^15 below bf16's). A provider of
   ours that fails is not timed; torchao, which quantizes with its own algorithm, is timed and its
   verdict recorded.
@@ -61,8 +62,11 @@ TINY = {**LLAMA_31_8B, "hidden_size": 128, "intermediate_size": 256, "num_hidden
         "rope_parameters": {**LLAMA_31_8B["rope_parameters"], "original_max_position_embeddings": 64}}
 PROVIDERS = ("bf16", "w4a16", "w4a16-dense", "tinygemm", "torchao")
 GROUP_SIZE = 128
-CHECK_PROMPT = 16          # tokens before the judged decode step
-CHECK_LEN = 32             # its cache: a multiple of 16, as the memory-efficient attention kernel's mask wants
+# Tokens before the judged decode step: at least dense_min_m (32 on every device's policy), so the
+# prompt's prefill runs each provider's large-M path (Triton, the dense cache) and the step the
+# decode path (skinny), and both are judged layer by layer.
+CHECK_PROMPT = 40
+CHECK_LEN = 48             # its cache: a multiple of 16, as the memory-efficient attention kernel's mask wants
 DEFAULT_BUDGET_S = 330.0   # no provider starts after this; the JSON is written either way
 TRANSFORMERS_MISSING = (
     "model_e2e needs transformers: pip install 'w4a16-oracle[model]'. Offline (the GPU image), put its wheels "
@@ -210,17 +214,18 @@ def step_bytes(model: nn.Module, m: int) -> int:
 
 def check_logits(model: nn.Module, prompt: torch.Tensor, names: list[str] | None = None):
     """The logits [1, vocab] of the decode step after `prompt` ([1, CHECK_PROMPT + 1]: the prompt and
-    the token decoded next), float; with names, also what those layers saw and returned in that step."""
+    the token decoded next), float; with names, also what those layers saw and returned in the
+    prompt's prefill and in that step."""
+    from contextlib import nullcontext
+
     from tests.support.model_check import record_io
 
     from .static_llama import StaticLlama
 
     engine = StaticLlama(model, 1, CHECK_LEN)
-    engine.prefill(prompt[:, :CHECK_PROMPT])
     pos = torch.tensor([CHECK_PROMPT], device=prompt.device)
-    if not names:
-        return engine.decode(prompt[:, CHECK_PROMPT:], pos).float(), None
-    with record_io(model, names) as records:
+    with record_io(model, names) if names else nullcontext() as records:
+        engine.prefill(prompt[:, :CHECK_PROMPT])
         logits = engine.decode(prompt[:, CHECK_PROMPT:], pos).float()
     return logits, records
 
