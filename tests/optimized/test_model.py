@@ -143,6 +143,23 @@ def e2e_cells():
 
 @pytest.mark.parametrize("dtype, group_size, symmetric, impl, device", e2e_cells())
 def test_quantized_llama_matches_its_dense_twin(llama, monkeypatch, dtype, group_size, symmetric, impl, device):
+    """The W4 model differs from the exact network only by rounding, and each rounding is bounded.
+
+    Bit-exact first: every module holds exactly what oracle.quantize_rtn makes of the dense layer
+    (computed here, independently of the swap). Per layer: hooks record each quantized layer's
+    input and output in the real forward, and oracle.judge holds the output to the tight bound
+    around the exact (float64) product of that input with that weight plus the original bias. The
+    input is the W4 model's own, not the dense twin's: the bound is about the product of whatever
+    the layer was given, so any input is as good, and this one is what the model really computes.
+    At the logits: L* is the twin holding the dequantized weights exactly, in float64 (the exact
+    function of the quantized network), Ld the same twin in the activation dtype with each weight
+    rounded once (what a plain layer computes, and what the kernels dequantize into), Lq the W4
+    model. Both Lq and Ld deviate from L* by rounding alone; the tight bound is TIGHT_SIGMAS = 6
+    standard deviations of a plain layer's rounding, and to first order the logits' deviation is a
+    linear function of the layers', so ||Lq - L*|| <= 6 ||Ld - L*|| (Frobenius over all logits).
+    tests/support/model_check.py gives the details; test_a_planted_bug_fails_the_check shows that a
+    wrong zero point, a missing bias and a transposed weight fail it.
+    """
     if impl:
         monkeypatch.setenv(dispatch.ENV_VAR, impl)
     dtype = DTYPES[dtype]
