@@ -190,7 +190,8 @@ class W4A16Linear(nn.Module):
     def implementation_ranges(self) -> list[tuple[int, int | None, str]]:
         """[(first M, last M or None for no limit, implementation)] the dispatcher takes on this
         module's device. Exact: the choice depends on M only through the policy's thresholds and
-        the skinny kernel's limit, and both sides of each are asked."""
+        the skinny kernel's limit, and both sides of each are asked. On a GPU the first call loads
+        the skinny kernel (building it once), as the first matmul would."""
         pw = self.prepared
         platform = dispatch.detect_platform(pw.device)
         t = dispatch.thresholds_for(platform.name)

@@ -418,6 +418,9 @@ class Run:
         self.log(f"built {self.model_name}: {sum(p.numel() for p in base.parameters()) / 1e9:.2f} B parameters, "
                  f"{len(names)} Linear layers to quantize")
         self.guarded("bf16", lambda: self.record("bf16", base, None))
+        if not set(args.providers) - {"bf16"}:
+            self.write(transformers)
+            return 1 if self.failed else 0
 
         # The W4 weights every quantized provider uses; `base` becomes the dense twin.
         w4 = shared_copy(base)

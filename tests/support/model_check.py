@@ -72,9 +72,9 @@ def judge_layers(records: Mapping[str, list[tuple[torch.Tensor, torch.Tensor]]],
         if not calls:
             raise AssertionError(f"{name}: the forward never called this layer")
         worst = None
+        w = weights[name]  # once per layer: a lazy mapping may unpack it from the model
         for x, y in calls:
             x2 = x.reshape(-1, x.shape[-1])
-            w = weights[name]
             w = w.to(x2.device).with_scales(w.scales.to(x2.device, x2.dtype))
             bias = biases.get(name)
             ref = reference_matmul(x2, w, None if bias is None else bias.detach().to(x2.device, x2.dtype))
