@@ -1,13 +1,17 @@
 """`w4a16-oracle report`: pytest-benchmark JSON from tests/benchmarks -> a markdown table and plots.
 
-Reads the `extra_info` each benchmark records (kind "matmul" or "block", provider, shape, M,
-dtype, symmetry, median_us, pct_of_floor, hybrid_impl, tokens_per_s, golden), never the
+Reads the `extra_info` each benchmark records (kind "matmul", "block" or "model", provider, shape
+or model, M, dtype, symmetry, median_us, pct_of_floor, hybrid_impl, tokens_per_s, golden), never the
 parametrize objects, and each file's provenance: the card, versions and roofline
 (`machine_info.w4a16`), the command that ran it (`machine_info.w4a16.command`) and its commit
 (`machine_info.w4a16.commit`, else pytest-benchmark's `commit_info`). Writes DIR/report.md and,
 unless told not to, one PNG per (shape, dtype, symmetry): speed-up over dense cuBLAS and % of the
 W4 roofline floor against M. matplotlib is imported only to draw (`pip install
 w4a16-oracle[bench]`), so the oracle works without it.
+
+"model" rows come from the end-to-end command (`python3 -m tests.benchmarks.model_e2e`, same JSON
+shape): one per (model, workload "decode" at batch M or "prefill" of M tokens, provider), with the
+file's correctness verdicts ("checks") and skipped providers ("skipped") beside them.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DENSE = "dense"
+BF16 = "bf16"  # the model rows' unquantized baseline
+KINDS = ("matmul", "block", "model")
 
 
 @dataclass(frozen=True)
 class Row:
-    kind: str            # "matmul" or "block"
-    subject: str         # shape id (matmul) or model (block)
+    kind: str            # "matmul", "block" or "model"
+    subject: str         # shape id (matmul), model (block), "<model> <decode|prefill>" (model)
     m: int
     dtype: str
     sym: str
@@ -60,12 +66,14 @@ def load(paths: Iterable[Path]) -> tuple[list[Row], list[dict]]:
         machines.append(data.get("machine_info", {}))
         for bench in data.get("benchmarks", []):
             e = bench.get("extra_info", {})
-            if e.get("kind") not in ("matmul", "block") or "median_us" not in e:
+            if e.get("kind") not in KINDS or "median_us" not in e:
                 continue
             impl = e.get("hybrid_impl")
-            if isinstance(impl, dict):  # per layer, in the block proxy
+            if isinstance(impl, dict):  # per layer, in the block proxy and the model rows
                 impl = ", ".join(f"{layer}: {name}" for layer, name in impl.items())
-            row = Row(e["kind"], e["shape"] if e["kind"] == "matmul" else e["model"], int(e["m"]), e["dtype"],
+            subject = {"matmul": e.get("shape"), "block": e.get("model"),
+                       "model": f"{e.get('model')} {e.get('workload')}"}[e["kind"]]
+            row = Row(e["kind"], subject, int(e["m"]), e["dtype"],
                       e["sym"], e["provider"], float(e["median_us"]), e.get("pct_of_floor"), e.get("floor_us"),
                       e.get("tokens_per_s"), impl, e.get("golden"), e.get("golden_detail"), Path(path).name)
             rows[(row.kind, row.subject, row.m, row.dtype, row.sym, row.provider)] = row
@@ -167,6 +175,66 @@ def block_section(rows: list[Row]) -> list[str]:
             + _table(["model", "M"] + providers, body) + [""])
 
 
+def model_section(rows: list[Row], notes: dict[str, dict[str, str]]) -> list[str]:
+    """Whole-model rows: tokens/s and ms per provider for each workload, the speed-up over bf16,
+    then each provider's correctness verdict and the providers skipped. notes: the files'
+    "checks" and "skipped" ({provider: text}), later files first."""
+    providers = _providers(rows)
+    body, ratios = [], []
+    for (subject, m), by in _cells(rows).items():
+        model, _, workload = subject.rpartition(" ")
+        label = f"decode, batch {m}" if workload == "decode" else f"{workload}, {m} tokens"
+        line = [model, label]
+        for p in providers:
+            r = by.get(p)
+            if r is None or r.tokens_per_s is None:
+                line.append("-")
+                continue
+            cell = f"{r.tokens_per_s:,.1f} tok/s, {r.median_us / 1e3:.2f} ms"
+            if r.pct_of_floor is not None:
+                cell += f" ({r.pct_of_floor:.0f}% of {r.floor_us / 1e3:.2f} ms)"
+            line.append(cell)
+        body.append(line)
+        base = by.get(BF16)
+        ratios.append([model, label] + [_fmt(base.median_us / by[p].median_us if base and p in by else None, ".2f")
+                                        for p in providers if p != BF16])
+    impls: dict[str, list[str]] = {}
+    for r in rows:
+        if r.hybrid_impl:
+            names = {part.rpartition(": ")[2] for part in r.hybrid_impl.split(", ")}
+            what = names.pop() if len(names) == 1 else r.hybrid_impl
+            impls.setdefault(r.provider, []).append(f"{r.subject.rpartition(' ')[2]} {r.m}: {what}")
+    out = ["## Model end to end: tokens/s and ms (decode: per step in a CUDA graph; prefill: latency)", "",
+           "Decode cells give % of the step's own floor: the weight bytes the step reads (each provider's own "
+           "form; the embedding's rows left out) / the HBM bandwidth measured in the run.", ""]
+    out += _table(["model", "workload"] + providers, body) + [""]
+    if any(p != BF16 for p in providers) and BF16 in providers:
+        out += ["### Speed-up over bf16 (bf16 ms / provider ms)", ""]
+        out += _table(["model", "workload"] + [p for p in providers if p != BF16], ratios) + [""]
+    if impls:
+        out += ["Implementations the hybrid op took (the first block's layers):", ""]
+        out += [f"- {p}: {', '.join(parts)}" for p, parts in impls.items()] + [""]
+    checks, skipped = notes.get("checks", {}), notes.get("skipped", {})
+    if checks:
+        out += ["### Correctness before timing (tests/support/model_check.py)", ""]
+        out += [f"- {p}: " + "; ".join(line.strip() for line in text.strip().splitlines()) for p, text in checks.items()]
+        out.append("")
+    if skipped:
+        out += [f"- skipped {p}: {why}" for p, why in skipped.items()] + [""]
+    return out
+
+
+def model_notes(paths: Iterable[Path]) -> dict[str, dict[str, str]]:
+    """{"checks": {provider: verdict}, "skipped": {provider: why}} merged over the files (a later
+    file's entry replaces an earlier one's)."""
+    notes: dict[str, dict[str, str]] = {"checks": {}, "skipped": {}}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for key in notes:
+            notes[key].update(data.get(key) or {})
+    return notes
+
+
 def golden_section(rows: list[Row]) -> list[str]:
     out = [r for r in rows if r.golden in ("slower", "faster")]
     if not out:
@@ -219,9 +287,10 @@ def write_report(paths: list[Path], out: Path, plots: bool = True, command: str 
     out.mkdir(parents=True, exist_ok=True)
     gpus = list(dict.fromkeys(m.get("w4a16", {}).get("gpu") for m in machines if m.get("w4a16", {}).get("gpu")))
     lines = [f"# W4A16 benchmarks{' on ' + ', '.join(gpus) if gpus else ''}", "",
-             *provenance_lines(paths, rows, machines, command), "",
-             "Times are medians of CUDA-graph replays over cold weight copies (per call); the floor is the W4 "
-             "problem's: max(bytes / HBM bandwidth, 2MNK / dense bf16 rate).", ""]
+             *provenance_lines(paths, rows, machines, command), ""]
+    if any(r.kind != "model" for r in rows):
+        lines += ["Times are medians of CUDA-graph replays over cold weight copies (per call); the floor is the W4 "
+                  "problem's: max(bytes / HBM bandwidth, 2MNK / dense bf16 rate).", ""]
     matmul = [r for r in rows if r.kind == "matmul"]
     for dtype, sym in dict.fromkeys((r.dtype, r.sym) for r in matmul):
         group = [r for r in matmul if (r.dtype, r.sym) == (dtype, sym)]
@@ -236,6 +305,9 @@ def write_report(paths: list[Path], out: Path, plots: bool = True, command: str 
     blocks = [r for r in rows if r.kind == "block"]
     if blocks:
         lines += block_section(blocks)
+    models = [r for r in rows if r.kind == "model"]
+    if models:
+        lines += model_section(models, model_notes(paths))
     lines += golden_section(rows)
     path = out / "report.md"
     path.write_text("\n".join(lines))

@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # The GPU checklist as pytest invocations, one part per argument; writes only under $OUT.
 #
-#   bash tools/gpu_checklist.sh parity gpu-tests sanitize bench fit
+#   bash tools/gpu_checklist.sh parity gpu-tests sanitize bench fit model
 #   OUT=/tmp/h200 bash tools/gpu_checklist.sh bench fit    # the device's report and policy evidence
 #
 # parity     the oracle's plugin on optimized.specs:triton, :skinny and :hybrid, tier full, -n 2
-# gpu-tests  the GPU tests: test_gpu_reliability.py, test_skinny_gpu.py, test_fuzz.py (W4A16_FUZZ,
-#            default long)
+# gpu-tests  the GPU tests: test_gpu_reliability.py, test_skinny_gpu.py, the -m gpu cells of
+#            test_linear.py and test_model.py, test_fuzz.py (W4A16_FUZZ, default long)
 # sanitize   compute-sanitizer memcheck and racecheck around the -m sanitize selections
 # bench      the benchmark matrix -> $OUT/bench.json and $OUT/report/; then the tuning sweep
 #            (triton, skinny, dense, triton@all, skinny@all at every M) -> $OUT/sweep.json
 # fit        python3 -m tools.fit_policy on those: $OUT/fit/ and the proposed policy file
 #            $OUT/fit/<device>.json (copy it to optimized/policies/ to adopt it)
+# model      the end-to-end Llama-3.1-8B run (python3 -m tests.benchmarks.model_e2e) ->
+#            $OUT/model/model_e2e.json, then $OUT/report/ over it and $OUT/bench.json if there.
+#            Needs transformers: carry its wheels in .whl/ (docs/model.md lists them).
 #
 # Environment: OUT (default: a new temporary folder), W4A16_FUZZ (gpu-tests), BENCH_BUDGET_S and
 # SWEEP_BUDGET_S (seconds each benchmark run may start cells for, default 480), SWEEP_PROVIDERS,
-# SWEEP_M, SWEEP_SHAPES (the sweep's selection). gemlite is a peer only when importable: put its
-# wheel in .whl/ (`pip wheel --no-deps gemlite==0.6.0.post2`) and it is installed under $OUT.
+# SWEEP_M, SWEEP_SHAPES (the sweep's selection), MODEL_ARGS (extra model_e2e arguments). gemlite
+# is a peer only when importable: put its wheel in .whl/ (`pip wheel --no-deps gemlite==0.6.0.post2`)
+# and it is installed under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -eq 0 ]; then
@@ -64,6 +68,9 @@ part_gpu_tests() {
   local files=(tests/optimized/test_gpu_reliability.py)
   [ -e tests/optimized/test_skinny_gpu.py ] && files+=(tests/optimized/test_skinny_gpu.py)
   "${pytest[@]}" "${files[@]}" --junitxml="$out/gpu_tests.xml" || return
+  # W4A16Linear in a CUDA graph, and the tiny Llama on the device (its cells skip without transformers).
+  "${pytest[@]}" tests/optimized/test_linear.py tests/optimized/test_model.py -m gpu --junitxml="$out/model_tests.xml" \
+    || return
   W4A16_FUZZ=${W4A16_FUZZ:-long} "${pytest[@]}" tests/optimized/test_fuzz.py --junitxml="$out/fuzz.xml"
 }
 
@@ -111,6 +118,15 @@ part_fit() {
   python3 -m tools.fit_policy "${inputs[@]}" --out "$out/fit" --policy-out "$out/fit/$name.json"
 }
 
+part_model() {
+  local rc=0 inputs=()
+  python3 -m tests.benchmarks.model_e2e --out "$out/model" ${MODEL_ARGS:-} || rc=1
+  [ -e "$out/bench.json" ] && inputs+=("$out/bench.json")
+  [ -e "$out/model/model_e2e.json" ] && inputs+=("$out/model/model_e2e.json")
+  [ ${#inputs[@]} -gt 0 ] && { python3 -m oracle report "${inputs[@]}" --out "$out/report" || rc=1; }
+  return $rc
+}
+
 status=0
 for part in "$@"; do
   echo "=== $part"
@@ -121,7 +137,8 @@ for part in "$@"; do
     sanitize) part_sanitize ;;
     bench) part_bench ;;
     fit) part_fit ;;
-    *) echo "unknown part $part (parts: parity gpu-tests sanitize bench fit)"; false ;;
+    model) part_model ;;
+    *) echo "unknown part $part (parts: parity gpu-tests sanitize bench fit model)"; false ;;
   esac
   rc=$?
   echo "=== $part: exit $rc, $((SECONDS - start)) s"

@@ -100,3 +100,43 @@ def test_report_names_card_commit_and_command_not_paths(tmp_path: Path) -> None:
     assert "| second.json | 1 | abc1234 | `python3 -m pytest tests/benchmarks --bench-m 1` |" in text
     assert f"`python3 -m oracle report first.json second.json --out {out} --no-plots`" in text
     assert str(tmp_path) not in text.replace(f"--out {out}", "") and "2030" not in text
+
+
+def model_row(provider: str, workload: str, m: int, ms: float, **extra) -> dict:
+    """A row as tests/benchmarks/model_e2e.py writes it."""
+    info = {"kind": "model", "model": "llama3.1-8b", "workload": workload, "m": m, "dtype": "bf16", "sym": "asym",
+            "provider": provider, "median_us": ms * 1e3, "tokens_per_s": m * 1e3 / ms, **extra}
+    return {"name": f"model_e2e[{workload}-M{m}-{provider}]", "extra_info": info, "stats": {"median": ms * 1e-3}}
+
+
+def test_report_model_section_beside_the_per_layer_numbers(tmp_path: Path) -> None:
+    """Whole-model rows render their own section (tokens/s, ms, % of the decode floor, speed-up
+    over bf16, the hybrid op's choices, the checks and skipped providers) after the matmul tables."""
+    layer = write_json(tmp_path / "bench.json", [bench("matmul", "dense", 1, 20.0), bench("matmul", "triton", 1, 10.0)])
+    model = write_json(tmp_path / "model_e2e.json", [
+        model_row("bf16", "decode", 1, 6.0, floor_us=4800.0, pct_of_floor=80.0),
+        model_row("w4a16", "decode", 1, 2.0, floor_us=1500.0, pct_of_floor=75.0,
+                  hybrid_impl={"q_proj": "skinny", "down_proj": "skinny"}),
+        model_row("bf16", "decode", 32, 8.0), model_row("w4a16", "decode", 32, 10.0,
+                                                        hybrid_impl={"q_proj": "triton", "down_proj": "triton"}),
+        model_row("bf16", "prefill", 2048, 200.0), model_row("w4a16", "prefill", 2048, 400.0),
+    ])
+    data = json.loads(model.read_text())
+    data |= {"checks": {"w4a16": "PASS\nlayers: 224 of 224 within the oracle's bound\nlogits: PASS: ratio 1.01"},
+             "skipped": {"torchao": "torchao is not installed"}}
+    model.write_text(json.dumps(data))
+    out = tmp_path / "report"
+    assert main(["report", str(layer), str(model), "--out", str(out), "--no-plots"]) == 0
+    text = (out / "report.md").read_text()
+    assert text.index("## Matmul, bf16 asym") < text.index("## Model end to end")
+    assert "| model | workload | bf16 | w4a16 |" in text
+    assert ("| llama3.1-8b | decode, batch 1 | 166.7 tok/s, 6.00 ms (80% of 4.80 ms) | 500.0 tok/s, 2.00 ms "
+            "(75% of 1.50 ms) |") in text
+    assert "| llama3.1-8b | decode, batch 32 | 4,000.0 tok/s, 8.00 ms | 3,200.0 tok/s, 10.00 ms |" in text
+    assert "| llama3.1-8b | prefill, 2048 tokens | 10,240.0 tok/s, 200.00 ms | 5,120.0 tok/s, 400.00 ms |" in text
+    # Speed-up over bf16: 6 / 2, 8 / 10, 200 / 400.
+    assert "| llama3.1-8b | decode, batch 1 | 3.00 |" in text and "| llama3.1-8b | decode, batch 32 | 0.80 |" in text
+    assert "| llama3.1-8b | prefill, 2048 tokens | 0.50 |" in text
+    assert "- w4a16: decode 1: skinny, decode 32: triton" in text
+    assert "- w4a16: PASS; layers: 224 of 224 within the oracle's bound; logits: PASS: ratio 1.01" in text
+    assert "- skipped torchao: torchao is not installed" in text
