@@ -195,7 +195,7 @@ class W4A16Linear(nn.Module):
         pw = self.prepared
         platform = dispatch.detect_platform(pw.device)
         t = dispatch.thresholds_for(platform.name)
-        edges = {m for e in (t.skinny_max_m, t.dense_min_m - 1, skinny.MAX_M) for m in (e, e + 1)}
+        edges = {m for e in (t.skinny_max_m, t.transient_min_m - 1, t.dense_min_m - 1, skinny.MAX_M) for m in (e, e + 1)}
         probes = sorted({m for m in (*REPR_MS, *edges) if m >= 1})
         names = []
         for m in probes:

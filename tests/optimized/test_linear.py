@@ -141,6 +141,9 @@ def expected_ranges(platform: Platform, dense: bool) -> list[tuple[int, int | No
     if dense:
         out.append((lo, t.dense_min_m - 1, rest))
         out.append((t.dense_min_m, None, "dense"))
+    elif platform.kind == "cuda" and platform.triton[0]:
+        out.append((lo, t.transient_min_m - 1, rest))
+        out.append((t.transient_min_m, None, "transient"))
     else:
         out.append((lo, None, rest))
     return out
