@@ -26,3 +26,10 @@ def test_use_our_kernel_example_runs(capsys):
 def test_read_checkpoint_example_runs(capsys):
     run_example("Check your kernel", 1)
     assert capsys.readouterr().out.strip() == "{'model.layers.0.mlp.down_proj': (64, 256, 128, False)}"
+
+
+def test_model_example_runs(capsys):
+    run_example("Use our kernel", 1)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("14 Linear layer(s) now W4A16Linear") and "0 unmatched" in out[0]
+    assert out[-1] == "torch.Size([1, 3, 512])"
