@@ -184,7 +184,7 @@ def policy_for(device_name: str) -> Policy:
 # Fitting rules: how benchmark timings become the decisions above. tools/fit_policy.py applies
 # them to pytest-benchmark results of tests/benchmarks; they live here so that tests hold them.
 
-_TILE_ID = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)p(\d+)(-gemv|-dot|-swap)?(-h|-p)?")
+_TILE_ID = re.compile(r"m(\d+)n(\d+)k(\d+)s(\d+)w(\d+)p(\d+)(-gemv|-dot|-swap)?(-h)?")
 _TILE_PATHS = {None: "auto", "-gemv": "gemv", "-dot": "dot", "-swap": "dot_swap"}
 
 
@@ -193,7 +193,7 @@ def tile_from_id(text: str) -> TileConfig:
     found = _TILE_ID.fullmatch(text)
     if found is None:
         raise ValueError(f"{text!r} is not a tile id: expected m<block_m>n<block_n>k<block_k>s<split_k>"
-                         f"w<num_warps>p<num_stages>, then -gemv, -dot or -swap (path) and -h or -p (half or pairs "
+                         f"w<num_warps>p<num_stages>, then -gemv, -dot or -swap (path) and -h (half "
                          f"dequant)")
     sizes = [int(v) for v in found.groups()[:6]]
     dequant = next(name for name, tag in DEQUANT_TAGS.items() if tag == (found.group(8) or ""))

@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 # TileConfig.path values and the kernel's PATH codes.
 PATHS = {"gemv": 0, "dot": 1, "dot_swap": 2}
 # TileConfig.dequant values, the kernel's DQ codes, and their suffix in a tile id.
-DEQUANTS = {"f32": 0, "half": 1, "pairs": 2}
-DEQUANT_TAGS = {"f32": "", "half": "-h", "pairs": "-p"}
+DEQUANTS = {"f32": 0, "half": 1}
+DEQUANT_TAGS = {"f32": "", "half": "-h"}
 # Most rows of x one GEMV program multiplies by each dequantized weight tile.
 MAX_GEMV_ROWS = 8
 
@@ -47,10 +47,8 @@ class TileConfig:
     path: "gemv", "dot" (x is tl.dot's A operand), "dot_swap" (the weight tile is the A operand,
     x^T the B operand), or "auto" (gemv when block_m == 1, else dot).
     dequant: how tensor-core paths form (q - z) * s, rounded once to x.dtype (the same values every
-    way): "f32" (in fp32, the planes interleaved into K order), "half" (in x.dtype arithmetic,
-    interleaved), or "pairs" (one LOP3 turns nibbles p and p + 4 of a word into an x.dtype pair,
-    four dots a K-tile over plane pairs, x permuted to match by the wrapper). The GEMV never
-    rounds weights."""
+    way): "f32" (in fp32, the planes interleaved into K order), or "half" (in x.dtype arithmetic,
+    interleaved). The GEMV never rounds weights."""
 
     block_m: int
     block_n: int
@@ -131,9 +129,6 @@ def check_config(cfg: TileConfig, k: int, group: int) -> None:
     if cfg.path not in ("auto", *PATHS) or cfg.dequant not in DEQUANTS:
         raise ValueError(f"tile config {cfg.id}: path must be auto or one of {list(PATHS)}, dequant one of "
                          f"{list(DEQUANTS)}")
-    if cfg.dequant == "pairs" and cfg.use_dot and cfg.block_k < 64:
-        raise ValueError(f"tile config {cfg.id}: pairs dequant dots each quarter of a K-tile, so block_k must be "
-                         f">= 64 (tl.dot's minimum K of 16)")
     if not is_pow2(cfg.block_n) or not is_pow2(cfg.block_m):
         raise ValueError(f"tile config {cfg.id}: block_m and block_n must be powers of two")
     if cfg.use_dot and min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:

@@ -49,8 +49,6 @@ products and fp32 sums the tensor cores compute.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -166,61 +164,6 @@ def _dequant_plane(packed, high, P: tl.constexpr, off, sc, magic0, XT: tl.conste
             return w.to(XT)
 
 
-@triton.jit
-def _nibble_pairs_asm(src, IN_PLACE: tl.constexpr, XT: tl.constexpr):
-    """src [..., 2]: each packed word twice. One LOP3 a word, (src & mask) | magic: its two 16-bit
-    halves as an x.dtype pair, magic + the nibble at bits 0..3 of each half (IN_PLACE: magic +
-    16 x the nibble at bits 4..7, fp16 only)."""
-    if XT == tl.float16:
-        if IN_PLACE:
-            return tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x00f000f0, 0x64006400, 0xea;", "=r,r,r", [src],
-                                             dtype=tl.float16, is_pure=True, pack=2)
-        else:
-            return tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000f000f, 0x64006400, 0xea;", "=r,r,r", [src],
-                                             dtype=tl.float16, is_pure=True, pack=2)
-    else:
-        return tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000f000f, 0x43004300, 0xea;", "=r,r,r", [src],
-                                         dtype=tl.bfloat16, is_pure=True, pack=2)
-
-
-@triton.jit
-def _dequant_pair(packed, P: tl.constexpr, z, s, XT: tl.constexpr, ASM: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """Plane pair P (nibbles P and P + 4 of every word) of a [BLOCK_N, GT, WPS] word tile as
-    [BLOCK_N, GT, WPS, 2] tl.dot operand values, (q - z) * s rounded once to x.dtype (widened to
-    fp32 under DOT_IN_FP32). z, s: [BLOCK_N, GT] fp32.
-
-    MAGIC + q is exact in x.dtype (fp16 1024, bf16 128: a unit of 1 at the nibble's bits), so
-    MAGIC + q - (MAGIC + z) is q - z exactly and the multiply by s is the one rounding. With ASM
-    (inline PTX, CUDA) one LOP3 a word makes the pair: fp16 takes nibbles 1 and 5 in place (bits
-    4..7 of each half give 1024 + 16 q, and 1/16 of that is 64 + q, exactly) and nibbles 2, 3, 6, 7
-    from the word shifted by 8; bf16 has too few mantissa bits for 16 q, so each pair comes from a
-    shifted word. Elsewhere Triton ops shift every nibble into place."""
-    if XT == tl.float16:
-        MAGIC: tl.constexpr = 1024.0
-    else:
-        MAGIC: tl.constexpr = 128.0
-    IN_PLACE: tl.constexpr = ASM and XT == tl.float16 and P % 2 == 1
-    if ASM:
-        if XT == tl.float16:
-            src = packed if P < 2 else packed >> 8
-        else:
-            src = packed >> (4 * P) if P > 0 else packed
-        v = _nibble_pairs_asm(tl.join(src, src), IN_PLACE, XT)
-    else:
-        lo = (packed >> (4 * P)) & 0xF
-        hi = (packed >> (16 + 4 * P)) & 0xF
-        bits = tl.join(lo, hi) | (0x6400 if XT == tl.float16 else 0x4300)
-        v = bits.to(tl.int16).to(XT, bitcast=True)
-    off = (z + (64.0 if IN_PLACE else MAGIC))[:, :, None, None]
-    sc = s[:, :, None, None]
-    if DOT_IN_FP32:
-        # The interpreter's bf16 arithmetic is wrong (triton 3.9): the same values through fp32.
-        return _round_to_bf16((v.to(tl.float32) - off) * sc).to(tl.float32)
-    if IN_PLACE:
-        v = v * 0.0625
-    return (v - off.to(XT)) * sc.to(XT)
-
-
 # M and the K-tile counts vary from call to call: specializing on them would only multiply
 # compilations. The strides stay specialized (divisibility by 16 proves wide loads aligned).
 @triton.jit(do_not_specialize=["M", "TILES_PER_GROUP", "TILES_PER_SPLIT"])
@@ -237,10 +180,9 @@ def _w4a16_kernel(
     # Meta-parameters. PATH: 0 GEMV (CUDA cores, BLOCK_M rows of x per program, 1..8), 1 tensor
     # cores with x as the A operand, 2 tensor cores with the weight tile as the A operand (acc is
     # [BLOCK_N, BLOCK_M]). GROUPS_PER_TILE: quant groups per K-tile (BLOCK_K // G when BLOCK_K > G,
-    # else 1). DQ: tensor-core dequant (tile_configs.DEQUANTS: 0 fp32, 1 x.dtype arithmetic, 2 plane
-    # pairs, with x permuted by `pair_order`). ASM: inline PTX for the pairs' LOP3 (CUDA).
+    # else 1). DQ: tensor-core dequant (tile_configs.DEQUANTS: 0 fp32, 1 x.dtype arithmetic).
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS_PER_TILE: tl.constexpr,
-    PATH: tl.constexpr, DQ: tl.constexpr, ASM: tl.constexpr, WRITE_PARTIALS: tl.constexpr,
+    PATH: tl.constexpr, DQ: tl.constexpr, WRITE_PARTIALS: tl.constexpr,
     HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_IN_FP32: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     XT: tl.constexpr = x_ptr.dtype.element_ty
@@ -282,8 +224,6 @@ def _w4a16_kernel(
             x_ptrs = x_ptr + pid_m.to(tl.int64) * stride_xm + words * 8
         else:
             x_ptrs = x_ptr + rows_m[:, None, None] * stride_xm + (words * 8)[None, :, :]
-    elif DQ == 2:
-        x_ptrs = x_ptr + rows_m[:, None] * stride_xm + tl.arange(0, BLOCK_K // 4)[None, :]
     else:
         x_ptrs = x_ptr + rows_m[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
 
@@ -349,19 +289,6 @@ def _w4a16_kernel(
                     part += (_nibble_x16(packed, high, p, magic0) - _x16_offset(z16, p)) * \
                         tl.load(x_tile + p).to(tl.float32)[:, None, :, :]
                 acc += tl.sum(tl.sum(part, axis=3) * sc[None, :, :], axis=2)
-        elif DQ == 2:
-            zf = z.to(tl.float32) if HAS_ZEROS else tl.full([BLOCK_N, GT], 8.0, tl.float32)
-            sf = s.to(tl.float32)
-            # Plane pair P covers positions [P K/4, (P + 1) K/4) of the tile in x's permuted order.
-            for p in tl.static_range(4):
-                w = tl.reshape(_dequant_pair(packed, p, zf, sf, XT, ASM, DOT_IN_FP32), [BLOCK_N, BLOCK_K // 4])
-                x = tl.load(x_ptrs + t * BLOCK_K + p * (BLOCK_K // 4))
-                if DOT_IN_FP32:
-                    x = x.to(tl.float32)
-                if PATH == 2:
-                    acc = tl.dot(w, tl.trans(x), acc)
-                else:
-                    acc = tl.dot(x, tl.trans(w), acc)
         else:
             if DQ == 1:
                 if XT == tl.bfloat16:
@@ -438,20 +365,17 @@ def _split_k_reduce_kernel(
     tl.store(out_ptr + offs, _to_output(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
-# Whether @triton.jit built interpreter functions (TRITON_INTERPRET=1 when this module was imported),
-# and whether compiled kernels may use inline PTX (CUDA builds of PyTorch, not ROCm or the interpreter).
+# Whether @triton.jit built interpreter functions (TRITON_INTERPRET=1 when this module was imported).
 UNDER_INTERPRETER = isinstance(_w4a16_kernel, InterpretedFunction)
-INLINE_PTX = not UNDER_INTERPRETER and torch.version.hip is None
 
 
 def kernel_constexprs(config: TileConfig, group: int, partials: bool, has_zeros: bool, has_bias: bool,
-                      dot_in_fp32: bool, asm: bool) -> dict:
+                      dot_in_fp32: bool) -> dict:
     """The meta-parameters `_w4a16_kernel` is compiled for: everything a TileConfig decides, as
-    data (also what the ahead-of-time compile tests and the SASS tools pass). asm: the target
-    takes inline PTX (CUDA, not the interpreter or ROCm)."""
+    data (also what the ahead-of-time compile tests and the SASS tools pass)."""
     return dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                 GROUPS_PER_TILE=max(1, config.block_k // group), PATH=config.path_code,
-                DQ=config.dequant_code if config.use_dot else 0, ASM=asm, WRITE_PARTIALS=partials,
+                DQ=config.dequant_code if config.use_dot else 0, WRITE_PARTIALS=partials,
                 HAS_ZEROS=has_zeros, HAS_BIAS=has_bias,
                 DOT_IN_FP32=dot_in_fp32, GROUP_M=GROUP_M)
 
@@ -475,17 +399,6 @@ def compile_signature(fn, constexprs: dict, dtype: str, partials: bool) -> tuple
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
              if sig[a].startswith("*") or a in ALIGNED_INT_ARGS}
     return sig, attrs
-
-
-@functools.cache
-def pair_order(k: int, block_k: int, device: torch.device) -> torch.Tensor:
-    """int64 [K]: the channel of x each position of the "pairs" dequant reads. In every K-tile,
-    positions [P block_k/4, (P + 1) block_k/4) hold plane pair P: position 2j + h of it is channel
-    8j + P + 4h of the tile (nibble P + 4h of word j)."""
-    j = torch.arange(block_k // 8).view(1, -1, 1)
-    pair, h = torch.arange(4).view(-1, 1, 1), torch.arange(2).view(1, 1, -1)
-    within = (8 * j + pair + 4 * h).flatten()
-    return (torch.arange(0, k, block_k).view(-1, 1) + within.view(1, -1)).flatten().to(device)
 
 
 def device_name(device: torch.device) -> str:
@@ -519,8 +432,6 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         config = select_config(p.m, p.n, p.k, p.group, policy_for(device_name(x.device)).triton)
     else:
         check_config(config, p.k, p.group)
-    if config.use_dot and config.dequant == "pairs":
-        x = x.index_select(1, pair_order(p.k, config.block_k, x.device))
     out = torch.empty(p.m, p.n, dtype=x.dtype, device=x.device)
     tiles_per_split, split = k_splits(p.k // config.block_k, config.split_k)
     target = out if split == 1 else torch.empty(split, p.m, p.n, dtype=torch.float32, device=x.device)
@@ -532,7 +443,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         p.m, p.n, p.k, x.stride(0), p.k // 8, p.k // p.group, max(1, p.group // config.block_k), tiles_per_split,
         NIBBLE_MAGIC,
         **kernel_constexprs(config, p.group, split > 1, zeros is not None, bias is not None,
-                            UNDER_INTERPRETER and x.dtype == torch.bfloat16, INLINE_PTX),
+                            UNDER_INTERPRETER and x.dtype == torch.bfloat16),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split > 1:

@@ -27,34 +27,25 @@ GROUPS: dict[str, tuple[tuple[int, int | None], tuple[TileConfig, ...]]] = {
         T(1, 128, 128, 16, 4, 1),
         T(1, 64, 256, 8, 4, 1),
         # Tensor cores with the weight tile as the A operand (wgmma from registers on Hopper): the
-        # M = 2..16 table tile, its plane-pair twin, and wider plane-pair tiles (fewer shuffles).
+        # M = 2..16 table tile and a wider one (fewer programs re-reading x).
         T(16, 64, 128, 32, 4, 4, path="dot_swap", dequant="half"),
-        T(16, 64, 128, 32, 4, 4, path="dot_swap", dequant="pairs"),
-        T(16, 128, 128, 16, 4, 4, path="dot_swap", dequant="pairs"),
-        T(16, 128, 256, 8, 4, 3, path="dot_swap", dequant="pairs"),
+        T(16, 128, 128, 16, 4, 4, path="dot_swap", dequant="half"),
     )),
     "mid": ((17, 256), (
-        # The 17..32, 33..64 and 65..256 table tiles first (swapped, half dequant), then their
-        # plane-pair twins and 128-wide plane-pair tiles (wgmma A operand straight from registers).
+        # The 17..32, 33..64 and 65..256 table tiles first (swapped, half dequant), then 128-wide
+        # N-tiles (each x tile used for more weights) with 4 or 8 warps.
         T(32, 64, 128, 4, 4, 4, path="dot_swap", dequant="half"),
         T(64, 64, 128, 2, 4, 3, path="dot_swap", dequant="half"),
         T(128, 64, 128, 2, 4, 3, path="dot_swap", dequant="half"),
-        T(32, 64, 128, 4, 4, 4, path="dot_swap", dequant="pairs"),
-        T(64, 64, 128, 2, 4, 3, path="dot_swap", dequant="pairs"),
-        T(128, 64, 128, 2, 4, 3, path="dot_swap", dequant="pairs"),
-        T(32, 128, 128, 4, 4, 4, path="dot_swap", dequant="pairs"),
-        T(64, 128, 128, 2, 4, 3, path="dot_swap", dequant="pairs"),
-        T(128, 128, 128, 2, 4, 3, path="dot_swap", dequant="pairs"),
-        T(128, 128, 128, 1, 8, 3, path="dot_swap", dequant="pairs"),
-        T(64, 256, 128, 1, 8, 3, path="dot_swap", dequant="pairs"),
+        T(64, 128, 128, 2, 4, 3, path="dot_swap", dequant="half"),
+        T(128, 128, 128, 1, 8, 3, path="dot_swap", dequant="half"),
     )),
     "prefill": ((257, None), (
-        # The table tile first and its plane-pair twin, then wider and deeper plane-pair tiles.
+        # The table tile first, then a deeper pipeline, a 128 x 128 tile and x as the A operand.
         T(256, 128, 64, 1, 8, 3, path="dot_swap", dequant="half"),
-        T(256, 128, 64, 1, 8, 3, path="dot_swap", dequant="pairs"),
-        T(128, 128, 128, 1, 8, 3, path="dot_swap", dequant="pairs"),
-        T(256, 128, 128, 1, 8, 3, path="dot_swap", dequant="pairs"),
-        T(128, 256, 128, 1, 8, 3, path="dot_swap", dequant="pairs"),
+        T(256, 128, 64, 1, 8, 4, path="dot_swap", dequant="half"),
+        T(128, 128, 128, 1, 8, 3, path="dot_swap", dequant="half"),
+        T(128, 256, 64, 1, 8, 3, path="dot", dequant="half"),
     )),
 }
 

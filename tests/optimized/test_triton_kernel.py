@@ -221,9 +221,6 @@ PATH_CONFIGS = (
     TileConfig(16, 64, 512, path="dot_swap"),
     TileConfig(16, 64, 128, split_k=2, path="dot_swap", dequant="half"),
     TileConfig(64, 64, 256, path="dot_swap", dequant="half"),
-    TileConfig(16, 64, 256, split_k=2, dequant="pairs"),
-    TileConfig(16, 64, 128, split_k=2, path="dot_swap", dequant="pairs"),
-    TileConfig(32, 64, 64, path="dot_swap", dequant="pairs"),
 )
 PATH_PROBLEMS = (  # (dtype, group, symmetric, bias, M)
     (torch.bfloat16, 32, False, True, 5),
@@ -252,9 +249,7 @@ def test_paths_match_reference(cfg, dtype, group, symmetric, bias, m):
     (TileConfig(16, 64, 256, split_k=2, path="dot_swap", dequant="half"), torch.bfloat16, 64, False),
     (TileConfig(16, 64, 256, split_k=2, dequant="half"), torch.float16, 32, False),
     (TileConfig(4, 64, 256, path="gemv"), torch.float16, 128, True),
-    (TileConfig(16, 64, 256, split_k=2, path="dot_swap", dequant="pairs"), torch.float16, 64, False),
-    (TileConfig(16, 64, 128, path="dot_swap", dequant="pairs"), torch.bfloat16, 32, True),
-), ids=("swap-half-bf16", "dot-half-fp16", "gemv4-fp16", "swap-pairs-fp16", "swap-pairs-bf16"))
+), ids=("swap-half-bf16", "dot-half-fp16", "gemv4-fp16"))
 def test_paths_exact_probes(cfg, dtype, group, symmetric):
     """The exact probes through the new paths: multi-group tiles and the half dequant."""
     k, n = 256, 72
@@ -406,8 +401,7 @@ def aot_compile_tables(target: str, which: str = "tables") -> None:
     for (cfg, group), dtype in product(configs, dtypes):
         for partials in sorted({False, cfg.split_k > 1}):
             kernels = [(triton_w4a16._w4a16_kernel,
-                        triton_w4a16.kernel_constexprs(cfg, group, partials, True, bias, False,
-                                                                   backend == "cuda"))]
+                        triton_w4a16.kernel_constexprs(cfg, group, partials, True, bias, False))]
             if partials:
                 kernels.append((triton_w4a16._split_k_reduce_kernel,
                                 dict(HAS_BIAS=bias, BLOCK=triton_w4a16.REDUCE_BLOCK)))
@@ -503,17 +497,3 @@ def test_gemv_loop_costs_one_lop3_per_weight():
     assert ops.get("LOP3.LUT", 0) <= 1.1, ops
     assert 0.95 <= ops.get("FFMA", 0) <= 1.1 and ops.get("FADD", 0) <= 1.25, ops
     assert r["per_weight"] <= 5.0, r
-
-
-@pytest.mark.parametrize("k, block_k", ((128, 128), (512, 64), (1024, 256)))
-def test_pair_order_is_a_permutation_grouping_each_plane_pair(k, block_k):
-    """Position P block_k/4 + 2j + h of every K-tile reads channel 8j + P + 4h of that tile:
-    nibbles P and P + 4 of word j, the pair one LOP3 dequantizes together."""
-    order = triton_w4a16.pair_order(k, block_k, torch.device("cpu"))
-    assert sorted(order.tolist()) == list(range(k))
-    quarter = block_k // 4
-    for pos in (0, 1, quarter, quarter + 3, block_k - 1, k - 1):
-        tile, within = divmod(pos, block_k)
-        pair, rest = divmod(within, quarter)
-        j, h = divmod(rest, 2)
-        assert int(order[pos]) == tile * block_k + 8 * j + pair + 4 * h

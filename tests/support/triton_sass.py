@@ -41,7 +41,7 @@ def analyse(tile, group: int = 128, dtype: str = "bf16", symmetric: bool = False
     fitted = fit_config(tile, FIT_N, FIT_K, group, table.target_programs, table.split_below)
     partials = fitted.split_k > 1
     fn = triton_w4a16._w4a16_kernel
-    constexprs = triton_w4a16.kernel_constexprs(fitted, group, partials, not symmetric, False, False, True)
+    constexprs = triton_w4a16.kernel_constexprs(fitted, group, partials, not symmetric, False, False)
     sig, attrs = triton_w4a16.compile_signature(fn, constexprs, dtype, partials)
     compiled = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": fitted.num_warps, "num_stages": fitted.num_stages})
