@@ -132,11 +132,13 @@ def _table(header: list[str], body: list[list[str]]) -> list[str]:
 
 
 def _cells(rows: list[Row]) -> dict[tuple, dict[str, Row]]:
-    """(subject, M) -> provider -> row, in the rows' order."""
+    """(subject, M) -> provider -> row: subjects in the order they first appear, each one's M
+    ascending, so that merged files read as one table."""
     out: dict[tuple, dict[str, Row]] = {}
     for r in rows:
         out.setdefault((r.subject, r.m), {})[r.provider] = r
-    return out
+    first = {subject: i for i, (subject, _) in reversed(list(enumerate(out)))}
+    return dict(sorted(out.items(), key=lambda item: (first[item[0][0]], item[0][1])))
 
 
 def speedup(cell: dict[str, Row], provider: str) -> float | None:

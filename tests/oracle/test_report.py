@@ -76,6 +76,11 @@ def test_later_file_wins_and_empty_input_is_an_error(bench_json: Path, tmp_path:
     out = tmp_path / "merged"
     main(["report", str(bench_json), str(newer), "--out", str(out), "--no-plots"])
     assert f"| {SHAPE} | 1 | 3.00 | 20.00 (15%) | 5.00 (60%) | 8.00 (38%) | skinny |" in (out / "report.md").read_text()
+    mid = write_json(tmp_path / "mid.json", [bench("matmul", "triton", 4, 9.0), bench("matmul", "dense", 4, 19.0)])
+    main(["report", str(bench_json), str(mid), "--out", str(out), "--no-plots"])
+    text = (out / "report.md").read_text()
+    rows = [line.split(" | ")[1] for line in text.splitlines() if line.startswith(f"| {SHAPE} | ")]
+    assert rows[:3] == ["1", "4", "16"], "a later file's M sorts into its shape's rows"
     empty = write_json(tmp_path / "empty.json", [])
     with pytest.raises(SystemExit, match="no timed tests/benchmarks results"):
         main(["report", str(empty), "--out", str(tmp_path / "none"), "--no-plots"])
