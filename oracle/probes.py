@@ -227,7 +227,7 @@ def run_probes(kernel: Callable[[torch.Tensor, torch.Tensor | None], torch.Tenso
             for r, c in (~same).nonzero()[: MAX_KEPT - len(kept)].tolist():
                 kept.append(ProbeMismatch(label + ps.kind, int(ps.index[start + r]), c, float(got[r, c]),
                                           float(expected[r, c])))
-    return ProbeResult(rows, mismatches, kept[:max_examples], localize(kept, weight))
+    return ProbeResult(rows, mismatches, kept[:max_examples], localize(kept, weight, dtype))
 
 
 def _classify(n: int, g: int, ks: list[int], got: dict[int, float], want: dict[int, float],
@@ -250,15 +250,26 @@ def _classify(n: int, g: int, ks: list[int], got: dict[int, float], want: dict[i
     return "other", f"row {n}, group {g}: {len(ks)} channel(s) wrong: {shown}"
 
 
-def localize(mismatches: list[ProbeMismatch], weight: QuantizedWeight, max_lines: int = 8) -> list[str]:
+def ulps(got: float, want: float, dtype: torch.dtype) -> float:
+    """|got - want| in units of the last place of `want` in `dtype`."""
+    info = torch.finfo(dtype)
+    exponent = max(math.frexp(abs(want))[1] - 1, math.frexp(info.tiny)[1] - 1)
+    return abs(got - want) / (info.eps * 2.0 ** exponent)
+
+
+def localize(mismatches: list[ProbeMismatch], weight: QuantizedWeight, dtype: torch.dtype = torch.float16,
+             max_lines: int = 8) -> list[str]:
     """The mismatch pattern in words: per output row and group, a zero point off by d (every probed
     channel of the group off by d * s), two channels of one word exchanged, a scale off by a factor
     (and whether that is its rounding to bfloat16), a wrong bias or group sum; otherwise the channels
-    at fault. When every wrong group is a scale rounded to bfloat16, one line says so."""
+    at fault. dtype: the probes' activation dtype. When every wrong group is a scale rounded to
+    bfloat16, one line says so; so too when every wrong group sum is off by a unit or two in the
+    last place of `dtype` while every probed channel is right (a sum rounded to `dtype` twice)."""
     lines: list[str] = []
     cells: dict[tuple[str, int, int], list[ProbeMismatch]] = {}
     one_hot_cols = {m.col for m in mismatches if m.kind.endswith("one-hot")}
     gi = weight.group_index().cpu()
+    sums: list[tuple[str, ProbeMismatch]] = []
     for m in mismatches:
         prefix = "fine-scale " if m.kind.startswith("fine-scale ") else ""
         if m.kind.endswith("one-hot"):
@@ -266,8 +277,19 @@ def localize(mismatches: list[ProbeMismatch], weight: QuantizedWeight, max_lines
         elif m.kind.endswith("bias"):
             lines.append(f"{prefix}row {m.col}: the bias came out as {m.got!r} instead of {m.expected!r}")
         elif m.col not in one_hot_cols:
-            lines.append(f"{prefix}row {m.col}, group {m.index}: the group's sum is wrong though every probed "
-                         "channel alone is right (a reduction or the scale of a sum)")
+            sums.append((prefix, m))
+    off = [ulps(m.got, m.expected, dtype) for _, m in sums]
+    if sums and not cells and max(off) <= 2:
+        name = str(dtype).removeprefix("torch.")
+        prefix, m = sums[0]
+        lo, hi = f"{min(off):.0f}", f"{max(off):.0f}"
+        lines.insert(0, f"{len(sums)} group sum(s) off by {lo if lo == hi else f'{lo}-{hi}'} unit(s) in the last place of "
+                        f"{name} though every probed channel alone is right: partial sums were rounded to {name} "
+                        f"before the last add (16-bit accumulation, or split partials added in {name}); e.g. "
+                        f"{prefix}row {m.col}, group {m.index}: got {m.got!r} for {m.expected!r}")
+    else:
+        lines += [f"{prefix}row {m.col}, group {m.index}: the group's sum is wrong though every probed channel "
+                  "alone is right (a reduction or the scale of a sum)" for prefix, m in sums]
     found = []
     for (prefix, n, g), items in cells.items():
         ks = sorted(m.index for m in items)

@@ -6,7 +6,7 @@ import torch
 
 from fixtures.variants import BUGGY, CORRECT
 from oracle import judge, probe_weight, random_quantized, reference_matmul, run_probes
-from oracle.probes import build_probes, one_hot_channels
+from oracle.probes import ProbeMismatch, build_probes, localize, one_hot_channels
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 BUGS = {v.name: v for v in BUGGY}
@@ -96,3 +96,37 @@ def test_one_hot_expectations_are_the_reference(dtype, symmetric):
         got = ps.expected(w, 3, ps.x.shape[0])
         want = reference_matmul(ps.x[3:], w, ps.bias).y_out
         assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def partials_in_act_dtype(x, w, bias, chunk=32):
+    """BUG (the way a GEMV whose split partials meet in x.dtype fails): each run of `chunk`
+    channels is summed in fp32 and rounded to x.dtype, and the runs are added in x.dtype."""
+    wd = reference_matmul(torch.eye(w.k, dtype=x.dtype), w).y_out.t().float()  # [N, K], rounded once
+    acc = torch.zeros(x.shape[0], w.n, dtype=x.dtype)
+    for k0 in range(0, w.k, chunk):
+        acc = acc + (x[:, k0:k0 + chunk].float() @ wd[:, k0:k0 + chunk].t()).to(x.dtype)
+    return acc if bias is None else acc + bias
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_group_sums_rounded_twice_are_named(dtype):
+    """Every channel alone is exact, so only the group sums miss, each by a unit or two in the
+    last place: the located line names partial sums rounded to the activation dtype."""
+    g = torch.Generator().manual_seed(3)
+    w = probe_weight(32, 512, 128, symmetric=False, scale_dtype=dtype, generator=g)
+    result = run_probes(lambda x, b: partials_in_act_dtype(x, w, b), w, dtype, None, max_m=512, generator=g)
+    name = str(dtype).removeprefix("torch.")
+    assert not result.passed and result.located, result.summary()
+    assert f"in the last place of {name} though every probed channel alone is right: partial sums were rounded " \
+           f"to {name}" in result.located[0], result.located
+
+
+def test_group_sums_far_off_are_not_called_a_rounding():
+    w = probe_weight(8, 256, 128, symmetric=True, scale_dtype=torch.float16, generator=torch.Generator().manual_seed(4))
+    near = [ProbeMismatch("group", 0, 3, 390.0, 389.75)]
+    far = [ProbeMismatch("group", 0, 3, 400.0, 389.75)]
+    assert localize(near, w, torch.float16)[0].startswith("1 group sum(s) off by 1 unit(s) in the last place of float16")
+    assert localize(far, w, torch.float16) == ["row 3, group 0: the group's sum is wrong though every probed channel "
+                                               "alone is right (a reduction or the scale of a sum)"]
+    # bf16's unit at 388 is 2.0: 392 is two units off, still a sum rounded twice.
+    assert "last place of bfloat16" in localize([ProbeMismatch("group", 0, 3, 392.0, 388.0)], w, torch.bfloat16)[0]
