@@ -100,12 +100,6 @@ def ran(monkeypatch) -> list[Ran]:
     return record
 
 
-@pytest.fixture(autouse=True)
-def choose_automatically(monkeypatch):
-    """A $W4A16_IMPL set where the suite runs would force every call; tests that force set it."""
-    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-
-
 def on(monkeypatch, platform: Platform) -> None:
     """Route as if x lived on `platform`: hybrid.choose asks dispatch.detect_platform by attribute."""
     monkeypatch.setattr(dispatch, "detect_platform", lambda device: platform)

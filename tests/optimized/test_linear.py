@@ -28,21 +28,7 @@ H200 = Platform("cuda", "NVIDIA H200", (True, ""), (True, ""))
 CPU = Platform("cpu", "interpreter", (False, "the skinny kernel needs a CUDA or ROCm device"),
                (False, "Triton runs on CPU only under its interpreter (TRITON_INTERPRET=1)"))
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread. Under xdist, with a worker per core, more threads only
-    contend (it made these tests several times slower on a 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def choose_automatically(monkeypatch):
-    """A $W4A16_IMPL set where the suite runs would force every call; tests that force set it."""
-    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def dense_linear(n: int, k: int, dtype: torch.dtype, bias: bool, seed: int = 0) -> nn.Linear:

@@ -35,20 +35,7 @@ LAYERS = [f"model.layers.{i}.{part}" for i in range(2) for part in
           ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread. Under xdist, with a worker per core, more threads only
-    contend (it made these tests several times slower on a 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def choose_automatically(monkeypatch):
-    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
