@@ -13,8 +13,9 @@
 * The hybrid op on the device: torch.library.opcheck for each implementation, a fullgraph
   torch.compile equal to eager, and its routing per M: the implementation `choose` names is the
   one the device's policy thresholds call for, and the op's output is that implementation's.
-* `-m sanitize`: every Triton path once per dtype and symmetry on shapes at tile boundaries with
-  strided x, a small selection for compute-sanitizer (tools/gpu_checklist.sh sanitize).
+* `-m sanitize`: every Triton path, and the transient path, once per dtype and symmetry on shapes
+  at tile boundaries with strided x, a small selection for compute-sanitizer
+  (tools/gpu_checklist.sh sanitize).
 
 Without a GPU every cell but the stand-in ones skips with the reason; the skinny kernel's own GPU
 checks are in tests/optimized/test_skinny_gpu.py, long fuzzing is `W4A16_FUZZ=long pytest
@@ -313,7 +314,7 @@ def small_prepared(dense_cache: bool, symmetric: bool = False) -> tuple[Quantize
 
 
 def opcheck_cases():
-    for impl in ("triton", "torch", "dense", "skinny"):
+    for impl in ("triton", "torch", "dense", "skinny", "transient"):
         for m in (1, 5, 33):
             if impl == "skinny" and m > skinny.MAX_M:
                 continue
@@ -401,6 +402,25 @@ def test_triton_paths_for_the_sanitizer(n: int, k: int, group: int, dname: str, 
     for m in SANITIZE_M:
         x = torch.randn(m, k + 64, generator=gen).to(dtype).to(DEVICE)[:, 32:32 + k]
         y = w4a16_matmul(x, kw.qweight, kw.scales, kw.zeros, kw.group_size, bias)
+        torch.cuda.synchronize()
+        v = judge(y, reference_matmul(x, w, bias), dequant_dtype=dtype)
+        assert v.passed, f"M={m}: {v.summary()}"
+
+
+@pytest.mark.parametrize("n, k, group, dname, symmetric", sanitize_cases())
+def test_transient_path_for_the_sanitizer(n: int, k: int, group: int, dname: str, symmetric: bool) -> None:
+    """The transient path forced on the same boundary shapes: its dequantization kernel masks the
+    last row and word tiles (N and K/8 of no tile's multiple), and the shared workspace is reused
+    across shapes of every size, so a stale tail would show in the next call's result."""
+    dtype = DTYPES[dname]
+    gen = torch.Generator().manual_seed(n + k + 1)
+    w = random_quantized(n, k, group, symmetric, dtype, generator=gen)
+    pw = hybrid.prepare(w, dtype, DEVICE)
+    w = w.to(DEVICE)
+    bias = (0.5 * torch.randn(n, generator=gen)).to(dtype).to(DEVICE)
+    for m in SANITIZE_M:
+        x = torch.randn(m, k + 64, generator=gen).to(dtype).to(DEVICE)[:, 32:32 + k]
+        y = hybrid.matmul(x, pw, bias, impl="transient")
         torch.cuda.synchronize()
         v = judge(y, reference_matmul(x, w, bias), dequant_dtype=dtype)
         assert v.passed, f"M={m}: {v.summary()}"
