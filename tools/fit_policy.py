@@ -64,22 +64,27 @@ def span(values) -> str:
     return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
 
 
+def fit_from_m(ratios: dict[int, float], what: str, field: str, current: int) -> tuple[int, str]:
+    """(the smallest M from which `what` beats Triton at every measured M, or `current` where it
+    does not, and the sentence saying so); ratios: M -> its time / Triton's."""
+    fitted = policy.dense_min_m(ratios) if ratios else None
+    if fitted is not None:
+        return fitted, (f"{what} took {span(r for m, r in ratios.items() if m >= fitted)} Triton's time from "
+                        f"M {fitted} on (measured to M {max(ratios)})")
+    return current, f"{field} kept (" + (f"{what} not measured" if not ratios else
+                                         f"{what} slower than Triton at M {max(ratios)}") + ")"
+
+
 def fit_hybrid(cells: dict, current: policy.HybridThresholds, device: str) -> dict | None:
     skinny, dense = ratio_by_m(cells, "skinny", "triton"), ratio_by_m(cells, "dense", "triton")
     transient = ratio_by_m(cells, "transient", "triton")
     if not skinny and not dense and not transient:
         return None
     shapes = len({key[0] for c in ("skinny", "dense", "transient") for key in cells.get(c, {})})
-    parts, out = [], {"skinny_max_m": current.skinny_max_m, "dense_min_m": current.dense_min_m,
-                      "transient_min_m": current.transient_min_m}
-    fitted = policy.dense_min_m(transient) if transient else None
-    if fitted is not None:
-        out["transient_min_m"] = fitted
-        parts.append(f"the transient path took {span(r for m, r in transient.items() if m >= fitted)} Triton's "
-                     f"time from M {fitted} on")
-    else:
-        parts.append("transient_min_m kept (" + ("transient not measured" if not transient else
-                                                 f"transient slower than Triton at M {max(transient)}") + ")")
+    out = {"skinny_max_m": current.skinny_max_m}
+    out["transient_min_m"], said = fit_from_m(transient, "the transient path", "transient_min_m",
+                                              current.transient_min_m)
+    parts = [said]
     if skinny:
         out["skinny_max_m"] = policy.skinny_max_m(skinny)
         won = [r for m, r in skinny.items() if m <= out["skinny_max_m"]]
@@ -87,14 +92,8 @@ def fit_hybrid(cells: dict, current: policy.HybridThresholds, device: str) -> di
                      f"skinny slower than Triton from M {min(skinny)} ({skinny[min(skinny)]:.2f}x)")
     else:
         parts.append("skinny_max_m kept (skinny not measured)")
-    fitted = policy.dense_min_m(dense) if dense else None
-    if fitted is not None:
-        out["dense_min_m"] = fitted
-        parts.append(f"the dense GEMM took {span(r for m, r in dense.items() if m >= fitted)} Triton's from "
-                     f"M {fitted} on (measured to M {max(dense)})")
-    else:
-        parts.append("dense_min_m kept (" + ("dense not measured" if not dense else
-                                             f"dense slower than Triton at M {max(dense)}") + ")")
+    out["dense_min_m"], said = fit_from_m(dense, "the dense GEMM", "dense_min_m", current.dense_min_m)
+    parts.append(said)
     return out | {"summary": f"{device}, {shapes} shapes, per-M geometric means: " + "; ".join(parts)}
 
 
