@@ -270,6 +270,17 @@ __device__ __forceinline__ void x_fragments(const uint4& xv, uint32_t (&b)[4]) {
   b[2] = __byte_perm(xv.y, xv.w, 0x5410);
   b[3] = __byte_perm(xv.y, xv.w, 0x7632);
 }
+// An mma accumulator's C fragments into the block's [rows][M_TILE] partial sums: entries 0, 1 are
+// row quad, 2, 3 row quad + 8, columns 8 i + 2 t and 8 i + 2 t + 1.
+template <int M_TILE, int TILES>
+__device__ __forceinline__ void deposit_mma(const float (&acc)[TILES][4], float* red_rows, int quad, int t) {
+#pragma unroll
+  for (int i = 0; i < TILES; ++i)
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      red_rows[(quad + 8 * (c / 2)) * M_TILE + 8 * i + 2 * t + c % 2] = acc[i][c];
+}
+
 template <typename T, int M_TILE>
 struct Accumulator<T, M_TILE, Engine::kMma> {
   static_assert(W4_WARP_SIZE == 32 && M_TILE % 8 == 0, "mma tiles are 16 rows x 8 m on 32 lanes");
@@ -306,11 +317,7 @@ struct Accumulator<T, M_TILE, Engine::kMma> {
   }
 
   __device__ __forceinline__ void deposit(float* red_rows, int quad, int t) {
-#pragma unroll
-    for (int i = 0; i < kTiles; ++i)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        red_rows[(quad + 8 * (c / 2)) * M_TILE + 8 * i + 2 * t + c % 2] = acc[i][c];
+    deposit_mma<M_TILE>(acc, red_rows, quad, t);
   }
 };
 

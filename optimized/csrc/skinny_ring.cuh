@@ -72,11 +72,7 @@ struct RingMmaAccumulator {
   }
 
   __device__ __forceinline__ void deposit(float* red_rows, int quad, int t) {
-#pragma unroll
-    for (int i = 0; i < kTiles; ++i)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        red_rows[(quad + 8 * (c / 2)) * M_TILE + 8 * i + 2 * t + c % 2] = acc[i][c];
+    deposit_mma<M_TILE>(acc, red_rows, quad, t);
   }
 };
 #endif  // !W4_HIP
