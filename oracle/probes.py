@@ -257,7 +257,7 @@ def ulps(got: float, want: float, dtype: torch.dtype) -> float:
     return abs(got - want) / (info.eps * 2.0 ** exponent)
 
 
-def localize(mismatches: list[ProbeMismatch], weight: QuantizedWeight, dtype: torch.dtype = torch.float16,
+def localize(mismatches: list[ProbeMismatch], weight: QuantizedWeight, dtype: torch.dtype,
              max_lines: int = 8) -> list[str]:
     """The mismatch pattern in words: per output row and group, a zero point off by d (every probed
     channel of the group off by d * s), two channels of one word exchanged, a scale off by a factor
