@@ -89,12 +89,12 @@ class Implementation:
 
     name: str
     available: Callable[[Platform], tuple[bool, str]]
-    fits: Callable[[Call], tuple[bool, str]]
+    fits: Callable[[Call, Platform], tuple[bool, str]]
     prefers: Callable[[Call, Thresholds], tuple[bool, str]]
 
     def can_implement(self, call: Call, platform: Platform) -> tuple[bool, str]:
         ok, why = self.available(platform)
-        return self.fits(call) if ok else (ok, why)
+        return self.fits(call, platform) if ok else (ok, why)
 
 
 OK = (True, "")
@@ -104,7 +104,7 @@ def _always(*_: object) -> tuple[bool, str]:
     return OK
 
 
-def _dense_fits(call: Call) -> tuple[bool, str]:
+def _dense_fits(call: Call, platform: Platform) -> tuple[bool, str]:
     if not call.has_dense:
         return False, "no dense cache (prepare(..., dense_cache=True) builds one)"
     return OK
@@ -122,9 +122,10 @@ def _skinny_available(platform: Platform) -> tuple[bool, str]:
     return platform.skinny
 
 
-def _skinny_fits(call: Call) -> tuple[bool, str]:
-    if call.m > skinny.MAX_M:
-        return False, f"M={call.m} above the skinny kernel's limit of {skinny.MAX_M}"
+def _skinny_fits(call: Call, platform: Platform) -> tuple[bool, str]:
+    why = skinny.unfit(call.m, call.k, platform.kind == "rocm")
+    if why:
+        return False, why
     if call.group_size not in skinny.GROUP_SIZES:
         return False, f"group_size={call.group_size} not in the skinny kernel's {skinny.GROUP_SIZES}"
     return OK
@@ -186,7 +187,7 @@ def choose(call: Call, platform: Platform, thresholds: Thresholds, impl: str | N
         if not ok:
             _warn_unavailable(candidate, why)
         else:
-            ok, why = impl_.fits(call)
+            ok, why = impl_.fits(call, platform)
             if ok:
                 ok, why = impl_.prefers(call, thresholds)
             if not ok:

@@ -3,7 +3,8 @@
 Two ops are defined here (schema, and the matmul's fake implementation); the extension
 (csrc/skinny_binding.cpp) registers their implementations when it is built:
 
-* `w4a16::skinny_matmul`: y = x @ W^T + bias for M <= MAX_M rows of x;
+* `w4a16::skinny_matmul`: y = x @ W^T + bias: every kernel up to MAX_M rows of x, the tile kernel
+  (CUDA tensor cores, K % TILE_K == 0) at any M;
 * `w4a16::skinny_plan`: what such a call runs (csrc/skinny_plan.h plan_call, the one place that
   decides it), for reports and for grouping the M whose output rows are bit-identical.
 
@@ -13,7 +14,7 @@ or compiler.
 
 Tensor arguments (optimized/contract.py holds the shared contract):
 
-* x:       float16 or bfloat16 [M, K], 1 <= M <= MAX_M, unit stride along K; rows 16-byte aligned
+* x:       float16 or bfloat16 [M, K], M >= 1 (see unfit()), unit stride along K; rows 16-byte aligned
            (the wrapper copies a misaligned x).
 * qweight: int32 or uint32 [N, K/8], the 4-bit values q packed along K, nibble p of word j of row n
            holding q[n, 8 j + p]; contiguous, 16-byte aligned (the same bytes as int8/uint8
@@ -34,7 +35,8 @@ import torch
 
 from .contract import ContractError, check_args
 
-MAX_M = 16                   # the most rows of x one call takes (csrc/skinny_plan.h kMaxM)
+MAX_M = 16                   # the most rows of x every kernel takes (csrc/skinny_plan.h kMaxM)
+TILE_K = 128                 # above MAX_M only the tile kernel runs: CUDA sm_80+, K a multiple of this
 GROUP_SIZES = (32, 64, 128)  # the group sizes G it takes: each lane's 32-k chunk lies in one group
 ENGINES = ("auto", "mma", "simt")  # mma: CUDA tensor cores (sm_80+); simt: CUDA cores, the one HIP path
 # The kernels, in the order of csrc/skinny_plan.h Kernel, for the `kernel` argument and every report:
@@ -42,8 +44,9 @@ ENGINES = ("auto", "mma", "simt")  # mma: CUDA tensor cores (sm_80+); simt: CUDA
 # flight; "segment", "segment_smem" and "segment_persistent" read long contiguous K segments of a
 # few rows (M <= 4, tensor cores) with x from global memory, x staged in shared memory, and x staged
 # on a persistent grid; "stream" streams weights through a shared-memory ring and may split K over
-# blocks (tensor cores, K % 128 == 0).
-KERNELS = ("batch", "ring", "segment", "segment_smem", "segment_persistent", "stream")
+# blocks (tensor cores, K % 128 == 0); "tile" streams weights and x through shared-memory stages, a
+# block an output tile of N x M (tensor cores, K % 128 == 0, any M), and splits K like "stream".
+KERNELS = ("batch", "ring", "segment", "segment_smem", "segment_persistent", "stream", "tile")
 # How a call overlaps the kernel before it on the stream (csrc/skinny_plan.h Overlap, same order):
 # "none" (a plain launch); "weights" (programmatic dependent launch, CUDA sm_90+, a plain launch
 # elsewhere: the kernel's blocks may start while the previous kernel drains, load their first
@@ -59,12 +62,14 @@ class SkinnyPlan:
     kernel:           the name in KERNELS of the kernel that runs (the default, or the one asked
                       for where it can run the call).
     engine:           "mma" or "simt".
-    split:            the register kernels: warps of a block sharing each row; "stream": blocks
-                      sharing each row (K split over blocks, their fp32 sums added by a second kernel).
+    split:            the register kernels: warps of a block sharing each row; "stream", "tile":
+                      blocks sharing each row (K split over blocks, their fp32 sums added by a second
+                      kernel).
     blocks:           the kernel's grid.
-    stages:           the stream kernel's shared-memory ring slots per warp (0 for the others).
+    stages:           the stream kernel's shared-memory ring slots per warp, the tile kernel's
+                      shared-memory stages (0 for the others).
     shared_bytes:     the kernel's dynamic shared memory.
-    workspace_floats: fp32 partial sums the stream kernel allocates when it splits K.
+    workspace_floats: fp32 partial sums the stream or tile kernel allocates when it splits K.
     summation:        equal for two plans of one weight shape exactly when they add every output's
                       terms in the same order: the M whose plans share it give bit-identical rows.
     """
@@ -112,7 +117,6 @@ def _skinny_matmul_fake(x, qweight, scales, zeros, group_size, bias, engine, pol
     torch._check(x.dim() == 2, lambda: f"x must be [M, K], got {x.dim()}-D")
     m, k = x.shape
     torch._check(1 <= m, lambda: "x must have at least one row")
-    torch._check(m <= MAX_M, lambda: f"M must be at most {MAX_M}, got {m}")
     torch._check(qweight.dim() == 2, lambda: "qweight must be 2-D")
     per_word = 8 if qweight.element_size() == 4 else 2
     torch._check(qweight.shape[1] * per_word == k, lambda: f"qweight must be [N, K/{per_word}] for K={k}")
@@ -123,6 +127,18 @@ def _skinny_matmul_fake(x, qweight, scales, zeros, group_size, bias, engine, pol
     if bias is not None:
         torch._check(bias.shape[0] == n, lambda: "bias must be [N]")
     return x.new_empty((m, n))
+
+
+def unfit(m: int, k: int, rocm: bool) -> str:
+    """Why the op cannot take x [m, k] on a CUDA (rocm False) or ROCm device, or "": above MAX_M
+    only the tile kernel runs, a tensor-core kernel of whole TILE_K pieces."""
+    if m <= MAX_M:
+        return ""
+    if rocm:
+        return f"M={m} above {MAX_M} runs on the tile kernel, which is CUDA-only (tensor-core mma.sync)"
+    if k % TILE_K:
+        return f"M={m} above {MAX_M} runs on the tile kernel, which needs K % {TILE_K} == 0, got K={k}"
+    return ""
 
 
 class SkinnyUnavailable(RuntimeError):
@@ -151,7 +167,7 @@ def _cuda_flags() -> list[str]:
 
 
 # The kernel families' translation units, built side by side.
-FAMILY_UNITS = ("skinny_batch.cu", "skinny_ring.cu", "skinny_segment.cu", "skinny_stream.cu")
+FAMILY_UNITS = ("skinny_batch.cu", "skinny_ring.cu", "skinny_segment.cu", "skinny_stream.cu", "skinny_tile.cu")
 
 
 def _sources() -> list[Path]:
@@ -241,7 +257,7 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     (weights prepared once; a host synchronize after writing them is enough).
     split: 0 (the plan's), or for benchmarking a named kernel other than "segment_persistent": the
     register kernels' warps of a block sharing each row (a power of two up to the warps of a block),
-    or the stream kernel's blocks along K (1 to K/128, within the device's shared memory).
+    or the stream and tile kernels' blocks along K (1 to K/128, within the device's shared memory).
     Returns x.dtype [M, N]; fp32 accumulation, deterministic (no atomics). Row i is bit-identical
     for every M whose plan has the same `summation`; across those the summation order changes, and
     a row can differ in its last bits, within the error bound.
@@ -252,8 +268,9 @@ def skinny_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
             and qweight.shape[1] % 4 == 0 and qweight.is_contiguous():
         qweight = qweight.view(torch.int32)
     problem = check_args(x, qweight, scales, zeros, group_size, bias, group_sizes=GROUP_SIZES)
-    if problem.m > MAX_M:
-        raise ContractError(f"skinny_matmul handles M <= {MAX_M}, got M={problem.m} (use a prefill kernel)")
+    why = unfit(problem.m, problem.k, torch.version.hip is not None)
+    if why:
+        raise ContractError(f"skinny_matmul cannot take this call: {why}")
     if engine not in ENGINES:
         raise ContractError(f"engine must be one of {ENGINES}, got {engine!r}")
     if kernel != "auto" and kernel not in KERNELS:

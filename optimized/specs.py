@@ -29,12 +29,15 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros: 
 
 
 def _skinny_can_implement(case: Case) -> tuple[bool, str]:
-    return skinny_op.is_available()
+    ok, why = skinny_op.is_available()
+    if ok:
+        why = skinny_op.unfit(case.m, case.k, torch.version.hip is not None)
+        ok = not why
+    return ok, why
 
 
-# Decode only; dequantizes (q - z) * s into x.dtype once, like the Triton tensor-core path.
-skinny = KernelSpec(name="skinny", fn=_skinny, group_sizes=skinny_op.GROUP_SIZES, max_m=skinny_op.MAX_M,
-                         can_implement=_skinny_can_implement)
+# Dequantizes (q - z) * s into x.dtype once, like the Triton tensor-core path.
+skinny = KernelSpec(name="skinny", fn=_skinny, group_sizes=skinny_op.GROUP_SIZES, can_implement=_skinny_can_implement)
 
 
 def _hybrid_fn(**prepare_options):

@@ -384,6 +384,41 @@ __device__ __forceinline__ void a_pairs(uint32_t w, uint32_t z, uint32_t s2, uin
     scaled_pairs<T>(w, z, s2, out);
   }
 }
+// 16 bytes global -> shared, asynchronously, bypassing L1 (weights are read once), with the
+// 256-byte L2 prefetch the 64-byte row pieces gain from (see load_weights).
+__device__ __forceinline__ void cp_async16(uint4* dst, const uint4* src) {
+#if W4_EMU
+  *dst = *src;
+#else
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if !W4_EMU
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if !W4_EMU
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// A partial sum the previous kernel wrote: a coherent load that stays after pdl_wait (load_x).
+__device__ __forceinline__ float load_partial(const float* p) {
+#if W4_EMU
+  return *p;
+#else
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+#endif
+}
 #endif  // !W4_HIP
 
 // Rows [row0, row0 + rows) of the output: each is the sum of its splits * PARTS partials in K
@@ -436,6 +471,32 @@ void launch_kernel(Kernel kernel, int blocks, int shared_bytes, const SkinnyPara
 #endif
 }
 
+#if !W4_HIP
+// y = the fp32 partial sums [split][m][n] of a K-split kernel (stream, tile), added in split order,
+// + bias.
+template <typename T>
+__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) reduce_partials_kernel(const SkinnyParams p) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t mn = static_cast<int64_t>(p.m) * p.n;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
+  if (idx >= mn) return;
+  float v = 0.f;
+  for (int s = 0; s < p.split; ++s) v += load_partial(p.partials + s * mn + idx);
+  if (p.bias != nullptr) v += bits_to_float<T>(load_bias(static_cast<const unsigned short*>(p.bias) + idx % p.n));
+  static_cast<T*>(p.y)[idx] = from_float<T>(v);
+}
+
+// The reduction of a K-split call's partial sums (nothing at split 1).
+template <typename T>
+void launch_reduce(const SkinnyParams& p, stream_t stream) {
+  if (p.split == 1) return;
+  const int64_t outputs = static_cast<int64_t>(p.m) * p.n;
+  launch_kernel(reduce_partials_kernel<T>, static_cast<int>((outputs + kBlockThreads - 1) / kBlockThreads), 0, p,
+                stream);
+}
+#endif  // !W4_HIP
+
 // f(std::integral_constant<int, G>, std::bool_constant<SYM>) for p's group size and symmetry,
 // so that each kernel family instantiates all six (G, SYM) pairs in one place.
 template <typename F>
@@ -463,6 +524,8 @@ template <typename T>
 void launch_segment(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream);
 template <typename T>
 void launch_stream(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream);
+template <typename T>
+void launch_tile(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream);
 #endif
 
 }  // namespace detail

@@ -5,6 +5,7 @@
 // include only this, so the host compiler alone builds the code that checks requests.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -33,7 +34,7 @@ namespace w4 {
 // Structural limits: tile sizes and warp layout the kernels are written for.
 
 constexpr int kBlockThreads = 256;
-constexpr int kMaxM = 16;
+constexpr int kMaxM = 16;  // the register, segmented and stream kernels' largest M; the tile kernel takes any
 constexpr int kLaneK = 32;          // k per lane, row and iteration: one 16-byte load
 constexpr int kIterK = 4 * kLaneK;  // k per iteration: the 4 lanes of a quad side by side
 constexpr int kLaneRows = 2;        // rows per lane in the batch and ring kernels
@@ -56,6 +57,7 @@ constexpr int kStreamStages = 4;                           // ring slots per war
 constexpr int kStreamFewStages = 2;                        // the shallow ring (stream_stages)
 constexpr int kStreamSlotUnits = 32 * kStreamPieceK / 32;  // 16-byte units a slot: 32 rows x 4
 constexpr int kStreamMinBlocks = 2;                        // launch bounds: registers for two blocks an SM
+constexpr int kTileStages = 4;                             // the tile kernel's shared-memory stages
 // Shared memory the CUDA driver keeps for itself in each resident block (sm_80 and later).
 constexpr int kSharedReservePerBlock = 1024;
 
@@ -81,10 +83,14 @@ constexpr int kEngineNameMma = 1, kEngineNameSimt = 2;  // indices into kEngineN
 //  * kStream (skinny_stream.cuh; mma engine, K % kStreamPieceK == 0): weights stream through a
 //    shared-memory ring by asynchronous copies; blocks may split K, a second kernel adding their
 //    fp32 partial sums in a fixed order.
-enum Kernel : int { kBatch = 0, kRing = 1, kSegment = 2, kSegmentSmem = 3, kSegmentPersistent = 4, kStream = 5 };
-constexpr int kNumKernels = 6;
+//  * kTile (skinny_tile.cuh; mma engine, K % kStreamPieceK == 0, any M): weights and x stream
+//    through shared-memory stages shared by the block, which owns an output tile of N x M rows;
+//    the only kernel above kMaxM. It splits K as the stream kernel does.
+enum Kernel : int { kBatch = 0, kRing = 1, kSegment = 2, kSegmentSmem = 3, kSegmentPersistent = 4, kStream = 5,
+                    kTile = 6 };
+constexpr int kNumKernels = 7;
 constexpr const char* kKernelNames[kNumKernels] = {"batch", "ring", "segment", "segment_smem", "segment_persistent",
-                                                   "stream"};
+                                                   "stream", "tile"};
 
 W4_HD constexpr bool is_segment(int kernel) {
   return kernel == kSegment || kernel == kSegmentSmem || kernel == kSegmentPersistent;
@@ -135,7 +141,7 @@ struct SkinnyParams {
   int m, n, k;
   int group_size;  // 32, 64 or 128
   int split;       // the register kernels: warps of a block sharing each row, splitting K (1, 2, 4,
-                   // or 8 on 32-lane warps); the stream kernel: blocks sharing each row
+                   // or 8 on 32-lane warps); the stream and tile kernels: blocks sharing each row
   int overlap;     // an Overlap
 };
 
@@ -258,6 +264,19 @@ W4_HD constexpr int stream_warps_n(int m) { return m <= 2 ? 1 : m <= 4 ? 2 : m <
 // is planned for it, so that every M of a bucket runs the same tiles, split and summation order.
 W4_HD constexpr int stream_bucket_m(int m) { return m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : kMaxM; }
 
+// The tile kernel's M tile for a call of m rows (a call of more runs several along M), the columns
+// of x each warp multiplies (2 * tile_warp_m / 8 mma per 16 k of its dequantized weights), its warps
+// along M, the rows of N a block owns (32 per warp along N) and its dynamic shared memory: stages of
+// weights (rows x 64 bytes) and x (M tile x 256 bytes). On an H100, 32 columns a warp (each weight
+// dequantized by more warps) and 8 stages were both slower from M = 32 on.
+W4_HD constexpr int tile_m(int m) { return m <= 16 ? 16 : m <= 32 ? 32 : m <= 64 ? 64 : 128; }
+W4_HD constexpr int tile_warp_m(int m_tile) { return m_tile < 64 ? m_tile : 64; }
+W4_HD constexpr int tile_warps_m(int m_tile) { return m_tile / tile_warp_m(m_tile); }
+W4_HD constexpr int tile_block_rows(int m_tile) { return 32 * (kBlockThreads / 32 / tile_warps_m(m_tile)); }
+W4_HD constexpr int tile_shared_bytes(int m_tile) {
+  return kTileStages * (tile_block_rows(m_tile) * kStreamPieceK / 2 + m_tile * kStreamPieceK * 2);
+}
+
 struct StreamLayout {
   int stages;                  // ring slots per warp
   int warps_n, warps_k, rows;  // rows = 32 warps_n
@@ -298,6 +317,7 @@ namespace plan_detail {
 // size on (it splits a long K over blocks, which a few rows of long K need to fill the GPU), else
 // the ring up to ring_max_m and the batch kernel above.
 inline int default_kernel(int m, int n, int k, const SkinnyPolicy& policy) {
+  if (m > kMaxM) return kTile;
   if (m <= kSegMaxM) return kSegmentPersistent;
   const bool ring = m <= policy.ring_max_m;
   const int64_t stream_from = ring ? policy.stream_min_weight_bytes_ring : policy.stream_min_weight_bytes_batch;
@@ -436,6 +456,37 @@ inline int stream_split(int n, int m_call, int k, int group_size, bool sym, cons
   return best_split > 0 ? best_split : total;
 }
 
+// The tile kernel's split (blocks along K), from a model of its time in microseconds: the grid runs
+// in waves of num_sms blocks, a block's
+// piece taking the longer of its weights at 3 TB/s and its mma work at 400 TFLOP/s, both shared by
+// a wave's blocks; split > 1 adds the partial sums (4 M N split bytes written and read, at 3 TB/s)
+// and the reduce kernel's launch (2 us). Every block keeps a piece. A larger split must win by 2%.
+// Planned for whole M tiles, so that the M of a tile count share it.
+inline int tile_split(int n, int m_call, int k, const DeviceLimits& d) {
+  const int m_tile = tile_m(m_call);
+  const int64_t m_blocks = (m_call + m_tile - 1) / m_tile;
+  const int rows = tile_block_rows(m_tile);
+  const int total = k / kStreamPieceK;
+  const int64_t tiles = (n + rows - 1) / rows * m_blocks;
+  const int64_t slots = d.num_sms;  // one block an SM: its registers (launch bounds) allow no more
+  const double piece_bytes = static_cast<double>(slots) * rows * kStreamPieceK / 2;
+  const double piece_flops = static_cast<double>(slots) * rows * kStreamPieceK * m_tile * 2;
+  const double piece_us = std::max(piece_bytes / 3.0e6, piece_flops / 4.0e8);
+  double best = 0.0;
+  int best_split = 1;
+  for (int split = 1; split <= total; ++split) {
+    const int64_t waves = (tiles * split + slots - 1) / slots;
+    const int pieces = (total + split - 1) / split;
+    double time = static_cast<double>(waves) * pieces * piece_us;
+    if (split > 1) time += static_cast<double>(m_blocks * m_tile) * n * split * 8 / 3.0e6 + 2.0;
+    if (split == 1 || time < best * 0.98) {
+      best = time;
+      best_split = split;
+    }
+  }
+  return best_split;
+}
+
 // The persistent segmented kernel's grid: every SM's kMinBlocks blocks (fewer where there are fewer
 // row groups), each running its share of the row groups (kSegRowSets x M_PAD rows, all of K) with
 // the iterations split evenly over its warps, so that loads run on from one row group into the next
@@ -486,9 +537,9 @@ struct SkinnyPlan {
   Engine engine = Engine::kSimt;
   int split = 1;                 // SkinnyParams.split
   int blocks = 0;                // the main kernel's grid
-  int stages = 0;                // the stream kernel's ring slots per warp; 0 for the others
+  int stages = 0;                // the stream kernel's ring slots per warp, the tile kernel's stages; else 0
   int shared_bytes = 0;          // the main kernel's dynamic shared memory
-  int64_t workspace_floats = 0;  // fp32 partial sums the stream kernel needs when it splits K
+  int64_t workspace_floats = 0;  // fp32 partial sums the stream or tile kernel needs when it splits K
   int overlap = kOverlapNone;    // the Overlap that runs
   // (engine, kernel whose summation order runs, its M-dependent tile, split, persistent grid)
   int64_t summation[5] = {0, 0, 0, 0, 0};
@@ -519,9 +570,7 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
   };
 
   // The request.
-  if (r.m < 1 || r.m > kMaxM) {
-    return fail("M must be in [1, " + num(kMaxM) + "], got M=" + num(r.m) + " (use a prefill kernel for larger batches)");
-  }
+  if (r.m < 1) return fail("M must be at least 1, got M=" + num(r.m));
   if (r.group_size != 32 && r.group_size != 64 && r.group_size != 128) {
     return fail("group_size must be 32, 64 or 128, got " + num(r.group_size));
   }
@@ -536,8 +585,8 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
   if (engine_asked < 0) return fail("engine must be 'auto', 'mma' or 'simt', got '" + r.engine + "'");
   const int asked = r.kernel == "auto" ? -1 : name_index(kKernelNames, kNumKernels, r.kernel);
   if (asked < 0 && r.kernel != "auto") {
-    return fail("kernel must be 'auto' or one of batch, ring, segment, segment_smem, segment_persistent, stream; "
-                "got '" + r.kernel + "'");
+    return fail("kernel must be 'auto' or one of batch, ring, segment, segment_smem, segment_persistent, stream, "
+                "tile; got '" + r.kernel + "'");
   }
   const int overlap = name_index(kOverlapNames, kNumOverlaps, r.overlap);
   if (overlap < 0) return fail("overlap must be 'none' or 'weights', got '" + r.overlap + "'");
@@ -547,7 +596,7 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
                 "its own grid), got split=" + num(r.split) + " with kernel '" + r.kernel + "'");
   }
   const int warps = kBlockThreads / d.warp_size;
-  if (r.split > 0 && asked != kStream && (r.split > warps || (r.split & (r.split - 1)) != 0)) {
+  if (r.split > 0 && asked != kStream && asked != kTile && (r.split > warps || (r.split & (r.split - 1)) != 0)) {
     return fail("a forced split of kernel " + r.kernel + " must be a power of two up to the " + num(warps) +
                 " warps of a block, got " + num(r.split));
   }
@@ -565,7 +614,15 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
   // kernels of at most kSegMaxM rows, the stream kernel an mma kernel of whole 128-k pieces; in
   // their place the ring runs (the batch kernel for the stream kernel above ring_max_m).
   const int m = r.m, n = r.n, k = r.k;
-  int kernel = asked < 0 ? default_kernel(m, n, k, policy) : asked;
+  int kernel = asked < 0 || m > kMaxM ? default_kernel(m, n, k, policy) : asked;
+  if (kernel == kTile && (!mma || k % kStreamPieceK != 0)) {
+    if (m > kMaxM) {
+      return fail("M > " + num(kMaxM) + " runs on the tile kernel only, which needs the mma engine (CUDA, compute "
+                  "capability 8.0+) and K a multiple of " + num(kStreamPieceK) + ", got M=" + num(m) + ", K=" +
+                  num(k) + (mma ? "" : ", engine simt"));
+    }
+    kernel = kStream;  // settled below like the stream kernel
+  }
   if (is_segment(kernel) && (!mma || m > kSegMaxM)) kernel = kRing;
   if (kernel == kStream && (!mma || k % kStreamPieceK != 0)) kernel = m <= policy.ring_max_m ? kRing : kBatch;
   // The persistent kernel stages x and needs a grid; where x does not fit the segmented kernel reads
@@ -579,7 +636,7 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
   // The split: a forced one steers the kernel it was asked for (where another one runs, that one
   // takes its own plan's split); the stream kernel's must leave its blocks a piece and fit shared
   // memory.
-  if (r.split > 0 && kernel == asked && kernel != kStream) {
+  if (r.split > 0 && kernel == asked && kernel != kStream && kernel != kTile) {
     plan.split = r.split;
   } else if (r.split > 0 && kernel == kStream) {
     if (r.split > k / kStreamPieceK) {
@@ -592,6 +649,14 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
                   " bytes of shared memory a block, the device allows " + num(d.max_shared) + " (use a larger split)");
     }
     plan.split = r.split;
+  } else if (r.split > 0 && kernel == kTile) {
+    if (r.split > k / kStreamPieceK) {
+      return fail("the tile kernel's split must be in [1, K/" + num(kStreamPieceK) + "] = [1, " +
+                  num(k / kStreamPieceK) + "], got " + num(r.split));
+    }
+    plan.split = r.split;
+  } else if (kernel == kTile) {
+    plan.split = tile_split(n, m, k, d);
   } else if (kernel == kStream) {
     plan.split = stream_split(n, m, k, r.group_size, r.symmetric, d, policy.stream_one_block_cost);
   } else {
@@ -628,6 +693,21 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
       plan.workspace_floats = plan.split > 1 ? static_cast<int64_t>(plan.split) * m * n : 0;
       break;
     }
+    case kTile: {
+      const int m_tile = tile_m(m);
+      plan.shared_bytes = tile_shared_bytes(m_tile);
+      if (plan.shared_bytes > d.max_shared) {
+        return fail("the tile kernel at M=" + num(m) + " needs " + num(plan.shared_bytes) + " bytes of shared "
+                    "memory a block, the device allows " + num(d.max_shared));
+      }
+      const int rows = tile_block_rows(m_tile);
+      const int64_t blocks = static_cast<int64_t>((n + rows - 1) / rows) * ((m + m_tile - 1) / m_tile) * plan.split;
+      if (blocks > INT32_MAX) return fail("the tile kernel's grid of " + num(blocks) + " blocks is over 2^31 - 1");
+      plan.blocks = static_cast<int>(blocks);
+      plan.stages = kTileStages;
+      plan.workspace_floats = plan.split > 1 ? static_cast<int64_t>(plan.split) * m * n : 0;
+      break;
+    }
     default: {  // batch, ring
       const int rows = kTileRows / plan.split;
       plan.blocks = (n + rows - 1) / rows;
@@ -637,9 +717,11 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
 
   // The summation order: the simt ring and batch kernels add the same terms in the same order, and
   // so do the segmented kernels with x in global or shared memory; the segmented kernels' order
-  // follows M_PAD, the stream kernel's its warps along N, the persistent one's its grid too.
+  // follows M_PAD, the stream kernel's its warps along N, the tile kernel's its warps' columns (its
+  // G = 128 sums are scaled after the mma at 16), the persistent one's its grid too.
   const int order = kernel == kRing && !mma ? kBatch : kernel == kSegmentSmem ? kSegment : kernel;
-  const int tile = is_segment(kernel) ? m_pad : kernel == kStream ? stream_warps_n(m) : 0;
+  const int tile = is_segment(kernel) ? m_pad : kernel == kStream ? stream_warps_n(m)
+                 : kernel == kTile ? tile_warp_m(tile_m(m)) : 0;
   const int64_t summation[5] = {mma ? kEngineNameMma : kEngineNameSimt, order, tile, plan.split,
                                 kernel == kSegmentPersistent ? plan.blocks : 0};
   for (int i = 0; i < 5; ++i) plan.summation[i] = summation[i];

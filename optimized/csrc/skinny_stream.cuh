@@ -23,7 +23,7 @@
 // sums of each output, added in warp order.
 //
 // Outputs: split == 1: y = sums + bias, rounded once. split > 1: the block writes its fp32 sums
-// to partials[ks], and stream_reduce_kernel adds the split of them in ks order plus bias.
+// to partials[ks], and reduce_partials_kernel adds the split of them in ks order plus bias.
 // No atomics: the result is deterministic, and row i depends on M only through the plan
 // (stream_warps_n(m) and the split).
 #pragma once
@@ -32,47 +32,6 @@
 
 #if !W4_HIP
 namespace w4 {
-
-
-namespace detail {
-
-// 16 bytes global -> shared, asynchronously, bypassing L1 (weights are read once), with the
-// 256-byte L2 prefetch the 64-byte row pieces gain from (see load_weights).
-__device__ __forceinline__ void cp_async16(uint4* dst, const uint4* src) {
-#if W4_EMU
-  *dst = *src;
-#else
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if !W4_EMU
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-// Until at most N of this thread's committed groups are pending.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if !W4_EMU
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
-// A partial sum the previous kernel wrote: a coherent load that stays after pdl_wait (load_x).
-__device__ __forceinline__ float load_partial(const float* p) {
-#if W4_EMU
-  return *p;
-#else
-  float v;
-  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-#endif
-}
-
-}  // namespace detail
 
 template <typename T, int M_TILE, int G, bool SYM, int S>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) stream_kernel(const SkinnyParams p) {
@@ -227,22 +186,6 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) stream_kernel(
   }
 }
 
-// y = the split partial sums of stream_kernel, added in split order, + bias.
-template <typename T>
-__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) stream_reduce_kernel(const SkinnyParams p) {
-  pdl_trigger();
-  pdl_wait();
-  const int64_t mn = static_cast<int64_t>(p.m) * p.n;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
-  if (idx >= mn) return;
-  float v = 0.f;
-  for (int s = 0; s < p.split; ++s) v += detail::load_partial(p.partials + s * mn + idx);
-  if (p.bias != nullptr) {
-    v += bits_to_float<T>(detail::load_bias(static_cast<const unsigned short*>(p.bias) + idx % p.n));
-  }
-  static_cast<T*>(p.y)[idx] = from_float<T>(v);
-}
-
 namespace detail {
 
 template <typename T, int M_TILE, int G, bool SYM, int S>
@@ -252,11 +195,7 @@ void launch_stream_tile(const SkinnyParams& p, const SkinnyPlan& plan, stream_t 
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.shared_bytes);
 #endif
   launch_kernel(kernel, plan.blocks, plan.shared_bytes, p, stream);
-  if (p.split > 1) {
-    const int64_t outputs = static_cast<int64_t>(p.m) * p.n;
-    launch_kernel(stream_reduce_kernel<T>, static_cast<int>((outputs + kBlockThreads - 1) / kBlockThreads), 0, p,
-                  stream);
-  }
+  launch_reduce<T>(p, stream);
 }
 
 // Tiles of 8 or 16 columns of x, and the plan's ring depth.

@@ -63,7 +63,7 @@ class Provider:
     kernel:          an inference path, so part of the decode-block proxy (the oracle is not).
     module:          an optional module it needs: cells skip with the reason when it is absent.
     available:       () -> (ok, why): whether it can run in this process (cells skip with the reason).
-    accepts:         shape -> bool: a further condition on the shape (None: every shape).
+    accepts:         (shape, m) -> bool: a further condition on the call (None: every call).
     info:            recorded in every cell's extra_info (which tile or kernel a forced provider runs).
     """
 
@@ -81,7 +81,7 @@ class Provider:
     kernel: bool = True
     module: str | None = None
     available: Callable[[], tuple[bool, str]] | None = None
-    accepts: Callable[[LinearShape], bool] | None = None
+    accepts: Callable[[LinearShape, int], bool] | None = None
     info: dict = field(default_factory=dict, hash=False)
 
     def valid(self, shape: LinearShape, m: int, dtype: str) -> bool:
@@ -89,7 +89,7 @@ class Provider:
         group = shape.k if shape.group_size == -1 else shape.group_size
         return (dtype in self.dtypes and m >= self.min_m and (self.max_m is None or m <= self.max_m)
                 and (self.groups is None or group in self.groups) and shape.k % self.k_multiple == 0
-                and (self.accepts is None or self.accepts(shape)))
+                and (self.accepts is None or self.accepts(shape, m)))
 
     def missing(self) -> str | None:
         """Why the provider cannot run here, or None."""
@@ -143,6 +143,12 @@ def build_skinny(w: QuantizedWeight, dtype: torch.dtype, package: str = "optimiz
     torch.cuda.synchronize()  # the copy is read-only from here on, as the "weights" overlap needs
     return lambda x: skinny.skinny_matmul(x, kw.qweight, kw.scales, kw.zeros, kw.group_size, overlap="weights",
                                           **forced)
+
+
+def _skinny_takes(shape: LinearShape, m: int) -> bool:
+    from optimized import skinny
+
+    return not skinny.unfit(m, shape.k, rocm=torch.version.hip is not None)
 
 
 def skinny_available() -> tuple[bool, str]:
@@ -213,8 +219,8 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
     Provider("oracle", build_oracle, lambda k, n, g, sym: n * k + 2 * n * (k // g) + (0 if sym else n * (k // g)),
              dequant_dtype=False, kernel=False),
     Provider("triton", build_triton, w4_weight_bytes),
-    Provider("skinny", build_skinny, w4_weight_bytes, groups=(32, 64, 128), max_m=16, cpu=False,
-             available=skinny_available),
+    Provider("skinny", build_skinny, w4_weight_bytes, groups=(32, 64, 128), cpu=False, available=skinny_available,
+             accepts=_skinny_takes),
     Provider("hybrid", HybridCall, w4_weight_bytes, module="optimized.hybrid"),
     # prepare(..., dense_cache=True): the dense GEMM from dense_min_m on. Below skinny's M limit it
     # runs what "hybrid" runs, so it is timed above it only; its copies are sized (and its GB/s
@@ -274,12 +280,13 @@ def resolve(name: str) -> Provider:
         return Provider(name, partial(build_triton, tile=tile), w4_weight_bytes, min_m=lo, max_m=hi, kernel=False,
                         accepts=partial(_tile_runs, tile), info={"tile": tile.id})
     if base == "skinny":
-        return Provider(name, partial(build_skinny, kernel=choice), w4_weight_bytes, groups=(32, 64, 128), max_m=16,
-                        cpu=False, kernel=False, available=skinny_available, info={"skinny_kernel": choice})
+        return Provider(name, partial(build_skinny, kernel=choice), w4_weight_bytes, groups=(32, 64, 128),
+                        max_m=None if choice == "tile" else 16, cpu=False, kernel=False, available=skinny_available,
+                        accepts=_skinny_takes, info={"skinny_kernel": choice})
     raise KeyError(name)
 
 
-def _tile_runs(tile: TileConfig, shape: LinearShape) -> bool:
+def _tile_runs(tile: TileConfig, shape: LinearShape, m: int) -> bool:
     """Whether the tile, fitted to the shape, is a valid config (the interpreter's table stands
     in for the device's: the fit only clamps split_k by it)."""
     group = shape.k if shape.group_size == -1 else shape.group_size

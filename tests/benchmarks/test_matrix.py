@@ -9,12 +9,14 @@ import torch
 from optimized import skinny
 from optimized.tile_configs import check_config
 from oracle import judge, random_quantized, reference_matmul
-from oracle.shapes import unique_shapes
+from oracle.shapes import LinearShape, unique_shapes
 
 from . import candidates, matrix, providers
 from .matrix import DEFAULTS, SelectionError, block_matrix, parse_m, parse_providers, parse_shapes, selection, smoke_matrix
 
 KERNELS = skinny.KERNELS
+# The M of matrix.ALL_M the skinny tile kernel takes on this torch build (ROCm: none above MAX_M).
+TILE_MS = tuple(m for m in matrix.ALL_M if m <= skinny.MAX_M or torch.version.hip is None)
 
 
 def test_default_selection_is_the_llama_headline() -> None:
@@ -28,7 +30,14 @@ def test_default_selection_is_the_llama_headline() -> None:
 def test_invalid_combinations_are_left_out() -> None:
     sel = selection({"shapes": "all", "m": "all", "dtypes": "all", "sym": "all", "providers": "all"})
     cells = matrix.matrix(sel)
-    assert not [c for c in cells if c.provider == "skinny" and c.m > 16]
+    # Above M = 16 skinny runs its tile kernel only (CUDA, K % 128 == 0): every shape here has whole
+    # 128-k pieces, so with a CUDA (or CPU) torch it keeps every M; a k-tail shape stops at 16.
+    skinny_ks = {c.shape.k for c in cells if c.provider == "skinny"}
+    assert skinny_ks and all(k % skinny.TILE_K == 0 for k in skinny_ks)
+    assert {c.m for c in cells if c.provider == "skinny"} == set(TILE_MS)
+    k_tail = LinearShape("boundary", "k_tail", 4096 + 64, 1024, 64)
+    assert providers.PROVIDERS["skinny"].valid(k_tail, 16, "bf16")
+    assert not providers.PROVIDERS["skinny"].valid(k_tail, 17, "bf16")
     assert not [c for c in cells if c.provider == "tinygemm" and c.dtype == "fp16"]
     assert {c.m for c in cells if c.provider == "triton"} == set(matrix.ALL_M)
     # Cells come weight by weight: one weight (and its copies) is live at a time.
@@ -98,8 +107,17 @@ def test_skinny_kernels_are_providers() -> None:
         parse_providers("skinny@regs_s4")
     p = providers.resolve("skinny@ring")
     assert p.info == {"skinny_kernel": "ring"} and p.max_m == 16 and not p.cpu
+    tile = providers.resolve("skinny@tile")
+    assert tile.info == {"skinny_kernel": "tile"} and tile.max_m is None and not tile.cpu
+    # The tile kernel runs any M (K % 128 == 0 on every default shape); every other kernel stops at 16.
     cells = matrix.matrix(selection(DEFAULTS | {"providers": "skinny@all", "m": "all"}))
-    assert {c.m for c in cells} == {1, 2, 3, 4, 8, 16}
+    assert {c.provider for c in cells} == {f"skinny@{k}" for k in KERNELS}
+    for kernel in KERNELS:
+        ms = {c.m for c in cells if c.provider == f"skinny@{kernel}"}
+        assert ms == (set(TILE_MS) if kernel == "tile" else {1, 2, 3, 4, 8, 16}), kernel
+    assert max(matrix.ALL_M) > 16
+    k_tail = LinearShape("boundary", "k_tail", 4096 + 64, 1024, 64)
+    assert tile.valid(k_tail, 16, "bf16") and not tile.valid(k_tail, 17, "bf16")
     assert not smoke_matrix(("skinny@ring",), gpu=False) and smoke_matrix(("skinny@ring",), gpu=True)
 
 

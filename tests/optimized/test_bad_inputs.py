@@ -106,7 +106,10 @@ KERNEL_REJECTED = [
     ("skinny", "group-size-channelwise", dict(group_size=-1, scales=KW.scales[:, :1].contiguous(),
                                               zeros=KW.zeros[:, :1].contiguous()),
      "group_size must be one of (32, 64, 128)", "got -1"),
-    ("skinny", "M17", dict(x=torch.zeros(17, K).half()), "skinny_matmul handles M <= 16", "got M=17"),
+    # Above skinny.MAX_M only the tile kernel runs, on whole skinny.TILE_K pieces of K (K = 64 is one half).
+    ("skinny", "M17-K64", dict(x=torch.zeros(17, K).half()),
+     "skinny_matmul cannot take this call: M=17 above 16 runs on the tile kernel, which needs K % 128 == 0",
+     "got K=64"),
 ]
 
 
@@ -169,6 +172,29 @@ def test_triton_N_not_multiple_of_8_symmetric():
 def test_skinny_accepts(no_launch, overrides):
     with pytest.raises(skinny.SkinnyUnavailable, match="runs on CUDA/ROCm devices"):
         skinny.skinny_matmul(**{**ARGS, **overrides})
+
+
+K128 = to_kernel_layout(random_quantized(N, 128, G, False, torch.float16, generator=torch.Generator().manual_seed(4)),
+                        torch.float16)
+ARGS_K128 = dict(ARGS, x=torch.zeros(17, 128).half(), qweight=K128.qweight, scales=K128.scales, zeros=K128.zeros)
+
+
+def test_skinny_takes_m_above_16_on_whole_tile_pieces(no_launch):
+    """M = 17 with K = 128 is the tile kernel's: past the contract (then no device here)."""
+    with pytest.raises(skinny.SkinnyUnavailable, match="runs on CUDA/ROCm devices"):
+        skinny.skinny_matmul(**ARGS_K128)
+
+
+def test_skinny_rejects_m_above_16_on_rocm(no_launch, monkeypatch):
+    """The tile kernel, the only one above M = 16, is CUDA-only: on a ROCm build of torch the same
+    call is refused before any build."""
+    monkeypatch.setattr(torch.version, "hip", "6.2.0")
+    with pytest.raises(ContractError) as info:
+        skinny.skinny_matmul(**ARGS_K128)
+    assert ("skinny_matmul cannot take this call: M=17 above 16 runs on the tile kernel, which is CUDA-only"
+            in str(info.value)), str(info.value)
+    with pytest.raises(skinny.SkinnyUnavailable, match="runs on CUDA/ROCm devices"):
+        skinny.skinny_matmul(**{**ARGS_K128, "x": torch.zeros(16, 128).half()})
 
 
 # ------------------------------------------------------------------------------------------------

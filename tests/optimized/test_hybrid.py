@@ -210,33 +210,59 @@ def force(monkeypatch, source: str, impl: str) -> str | None:
     return impl
 
 
+def unavailable(impl: str, pname: str, m: int, group_size: int, dense_cache: bool, reason: str, id: str,
+                k: int = 128):
+    return pytest.param(impl, pname, m, k, group_size, dense_cache, reason, id=id)
+
+
+# Above skinny.MAX_M only the tile kernel runs: CUDA only, K a multiple of skinny.TILE_K (192 is not).
 UNAVAILABLE = [
-    pytest.param("skinny", "cuda-no-compiler", 1, 32, False, PLATFORMS["cuda-no-compiler"].skinny[1],
-                 id="skinny-not-built"),
-    pytest.param("skinny", "cpu", 1, 32, False, "the skinny kernel needs a CUDA or ROCm device, the call is on cpu",
-                 id="skinny-on-cpu"),
-    pytest.param("skinny", "h200", skinny.MAX_M + 1, 32, False,
-                 f"M={skinny.MAX_M + 1} above the skinny kernel's limit of {skinny.MAX_M}", id="skinny-M-over-limit"),
-    pytest.param("skinny", "h200", 1, -1, False, f"group_size=-1 not in the skinny kernel's {skinny.GROUP_SIZES}",
-                 id="skinny-channelwise"),
-    pytest.param("dense", "h200", 4096, 32, False, "no dense cache", id="dense-without-cache"),
-    pytest.param("triton", "cpu", 1, 32, False, PLATFORMS["cpu"].triton[1], id="triton-without-interpreter"),
-    pytest.param("transient", "cpu-interpreter", 4096, 32, False,
-                 "the transient path dequantizes with a GPU kernel, the call is on cpu", id="transient-on-cpu"),
+    unavailable("skinny", "cuda-no-compiler", 1, 32, False, PLATFORMS["cuda-no-compiler"].skinny[1],
+                id="skinny-not-built"),
+    unavailable("skinny", "cpu", 1, 32, False, "the skinny kernel needs a CUDA or ROCm device, the call is on cpu",
+                id="skinny-on-cpu"),
+    unavailable("skinny", "h200", skinny.MAX_M + 1, 32, False,
+                f"M={skinny.MAX_M + 1} above {skinny.MAX_M} runs on the tile kernel, which needs "
+                f"K % {skinny.TILE_K} == 0, got K=192", id="skinny-M-over-limit-K-not-tiled", k=192),
+    unavailable("skinny", "rocm-mi300x", skinny.MAX_M + 1, 32, False,
+                f"M={skinny.MAX_M + 1} above {skinny.MAX_M} runs on the tile kernel, which is CUDA-only",
+                id="skinny-M-over-limit-on-rocm"),
+    unavailable("skinny", "h200", 1, -1, False, f"group_size=-1 not in the skinny kernel's {skinny.GROUP_SIZES}",
+                id="skinny-channelwise"),
+    unavailable("dense", "h200", 4096, 32, False, "no dense cache", id="dense-without-cache"),
+    unavailable("triton", "cpu", 1, 32, False, PLATFORMS["cpu"].triton[1], id="triton-without-interpreter"),
+    unavailable("transient", "cpu-interpreter", 4096, 32, False,
+                "the transient path dequantizes with a GPU kernel, the call is on cpu", id="transient-on-cpu"),
 ]
 
 
 @pytest.mark.parametrize("source", ("arg", "env"))
-@pytest.mark.parametrize("impl, pname, m, group_size, dense_cache, reason", UNAVAILABLE)
-def test_forced_impl_that_cannot_run_raises_with_the_reason(ran, monkeypatch, source, impl, pname, m, group_size,
+@pytest.mark.parametrize("impl, pname, m, k, group_size, dense_cache, reason", UNAVAILABLE)
+def test_forced_impl_that_cannot_run_raises_with_the_reason(ran, monkeypatch, source, impl, pname, m, k, group_size,
                                                             dense_cache, reason):
     on(monkeypatch, PLATFORMS[pname])
-    pw = prepared(128, 20, group_size, torch.float16, dense_cache)
+    pw = prepared(k, 20, group_size, torch.float16, dense_cache)
     arg = force(monkeypatch, source, impl)
     with pytest.raises(ImplementationUnavailable, match=re.escape(f"implementation {impl!r} was forced")) as err:
-        matmul(torch.zeros(m, 128, dtype=torch.float16), pw, impl=arg)
+        matmul(torch.zeros(m, k, dtype=torch.float16), pw, impl=arg)
     assert reason in str(err.value)
     assert ran == []
+
+
+@pytest.mark.parametrize("source", ("arg", "env"))
+@pytest.mark.parametrize("m", (skinny.MAX_M + 1, 4096), ids=lambda m: f"M{m}")
+def test_forced_skinny_runs_above_its_auto_range_on_cuda(ran, monkeypatch, source, m):
+    """Above skinny_max_m auto routing never takes skinny, but on CUDA with K % TILE_K == 0 the tile
+    kernel can run any M, so forcing it runs skinny (the M-over-limit rows above are the calls it
+    cannot take)."""
+    on(monkeypatch, PLATFORMS["h200"])
+    pw = prepared(128, 20, 32, torch.float16, False)
+    assert choose(m, pw).name != "skinny"
+    arg = force(monkeypatch, source, "skinny")
+    y = matmul(torch.zeros(m, 128, dtype=torch.float16), pw, impl=arg)
+    assert y.shape == (m, 20)
+    assert [r.name for r in ran] == ["skinny"]
+    assert choose(m, pw, impl="skinny") == Choice("skinny", True, ())
 
 
 @pytest.mark.parametrize("source", ("arg", "env"))

@@ -67,7 +67,8 @@ def test_nvcc_sm90_units_link_and_register_kernels_do_not_spill(sm90):
     report = {}
     for unit in skinny_sass.UNITS:
         report.update(skinny_sass.ptxas_report((sm90 / f"{unit.stem}.log").read_text()))
-    for name in ("batch_kernel", "ring_kernel", "segment_kernel", "stream_kernel", "stream_reduce_kernel"):
+    for name in ("batch_kernel", "ring_kernel", "segment_kernel", "stream_kernel", "tile_kernel",
+                 "reduce_partials_kernel"):
         assert any(f"{len(name)}{name}I" in mangled for mangled in report), f"no {name} was compiled"
     register = {name: r for name, r in report.items() if "11ring_kernel" in name or "14segment_kernel" in name}
     spilling = {name: r for name, r in register.items() if r[1:] != (0, 0, 0)}
@@ -104,12 +105,14 @@ def test_every_kernel_waits_for_its_predecessor_before_x_and_y(sm90, unit):
     kernel may have written) and every global store (y, which it may still read). Read-only loads
     (.CONSTANT: weights, scales, zero points) may come before it; ptxas moves those across the wait,
     so x must never take that path: the only 16-byte read-only loads are the weights' (L1
-    no-allocate, .NA), and a 16-byte x load through __ldg fails this. The stream kernel's
-    asynchronous copies to shared memory (LDGSTS, with their LDGDEPBAR) carry weights only, so they
-    may precede the wait too."""
+    no-allocate, .NA), and a 16-byte x load through __ldg fails this. Asynchronous copies to shared
+    memory (LDGSTS, with their LDGDEPBAR) may precede the wait where they carry weights: all of the
+    stream kernel's, and the tile kernel's first 3 stages of weights (at most 4 copies a stage a
+    thread), with its x copies after the wait."""
     kernels = {name: ops for name, ops in skinny_sass.kernel_memory_ops(sm90 / f"{unit}.o").items()
                if "_kernel" in name}
-    expected = {"skinny_batch": 84, "skinny_ring": 36, "skinny_segment": 108, "skinny_stream": 50}[unit]
+    expected = {"skinny_batch": 84, "skinny_ring": 36, "skinny_segment": 108, "skinny_stream": 50,
+                "skinny_tile": 50}[unit]
     assert len(kernels) == expected, f"{len(kernels)} kernels in {unit}, expected {expected}: {sorted(kernels)[:4]}"
     bad = {}
     for name, ops in kernels.items():
@@ -120,9 +123,11 @@ def test_every_kernel_waits_for_its_predecessor_before_x_and_y(sm90, unit):
                                                and not op.startswith(("LDGSTS", "LDGDEPBAR")))]
         x_read_only = [op for op in ops if op.startswith("LDG") and ".128" in op and ".CONSTANT" in op
                        and ".NA" not in op]
-        if x_read_only or not (trigger and wait and ordered and trigger[0] < wait[0] < ordered[0]):
+        early_copies = sum(op.startswith("LDGSTS") for op in ops[:wait[0] if wait else len(ops)])
+        if x_read_only or not (trigger and wait and ordered and trigger[0] < wait[0] < ordered[0]) or \
+                ("tile_kernel" in name and early_copies > 3 * 4):
             bad[name] = {"PREEXIT": trigger[:1], "ACQBULK": wait[:2], "first x load or y store": ordered[:1],
-                         "read-only 16-byte loads": x_read_only[:2]}
+                         "read-only 16-byte loads": x_read_only[:2], "copies before the wait": early_copies}
     assert not bad, f"kernels that may touch x or y before waiting for the previous kernel: {bad}"
 
 
@@ -199,6 +204,8 @@ def test_stream_grid_of_one_block_an_sm_keeps_the_deep_ring():
     pytest.param("segment_smem", 1, 2048, 264, 1, id="segment_smem"),
     pytest.param("segment_persistent", 1, 8192, 57344, 0, id="segment_persistent"),
     pytest.param("stream", 9, 2048, 264, 0, id="stream"),
+    pytest.param("tile", 9, 2048, 264, 0, id="tile"),
+    pytest.param("tile", 17, 2048, 264, 2, id="tile-M17"),
 ])
 def test_kernel_names_are_the_plan_enum(kernel, m, k, n, split):
     """skinny.KERNELS follows csrc/skinny_plan.h Kernel: a kernel asked for by name where it can run
@@ -223,6 +230,11 @@ SETTLED = [
     ("ring-K-tail-batch", dict(m=5, k=4032, group_size=64, kernel="ring"), "batch"),
     ("ring-N4-batch", dict(m=5, n=4, symmetric=True, kernel="ring"), "batch"),
     ("ring-simt-M2-batch", dict(m=2, kernel="ring", engine="simt"), "batch"),
+    ("tile-simt-M9-batch", dict(m=9, kernel="tile", engine="simt"), "batch"),
+    ("tile-K-tail-M12-batch", dict(m=12, k=2016, group_size=32, kernel="tile"), "batch"),
+    ("ring-above-M16-tile", dict(m=17, kernel="ring"), "tile"),
+    ("batch-above-M16-tile", dict(m=130, kernel="batch"), "tile"),
+    ("auto-M130-tile", dict(m=130), "tile"),
     ("auto-sm75-M1-simt-ring", dict(m=1, device=(68, 32, 64 * 1024, 64 * 1024, 75)), "ring"),
     ("auto-rocm-wave64-M4-batch", dict(m=4, device=(104, 64, 64 * 1024, 64 * 1024, 0)), "batch"),
     ("ring-offsets-over-int32-batch", dict(m=5, n=1 << 20, k=1 << 16, kernel="ring"), "batch"),
@@ -236,7 +248,9 @@ def test_plan_settles_a_kernel_that_cannot_run(request_, ran):
     """The segmented kernels are mma kernels of M <= 4; the persistent one needs x in shared memory
     and a grid, the shared-x one split 1; the stream kernel is an mma kernel of whole 128-k pieces;
     the ring needs whole iterations, N >= 8 and (on the simt engine) M = 1; the ring and segmented
-    kernels keep weight offsets in 32 bits. The batch kernel runs everything else, and a device
+    kernels keep weight offsets in 32 bits. The tile kernel is an mma kernel of whole 128-k pieces
+    (where it cannot run at M <= 16 the stream kernel's fallbacks apply), and the only kernel above
+    M = 16, whatever kernel was asked for. The batch kernel runs everything else, and a device
     without mma.sync (sm_75, ROCm) runs the simt engine."""
     call = dict(m=1, n=264, k=2048, group_size=128, symmetric=False)
     call.update(request_)
@@ -291,7 +305,14 @@ def test_stream_split_follows_the_one_block_cost():
 
 
 REFUSED = [
-    ("M17", dict(m=17), r"M must be in \[1, 16\], got M=17 \(use a prefill kernel"),
+    ("M0", dict(m=0), "M must be at least 1, got M=0"),
+    # Above M = 16 only the tile kernel runs: an mma kernel of whole 128-k pieces.
+    ("M17-simt", dict(m=17, engine="simt"), r"M > 16 runs on the tile kernel only, which needs the mma engine "
+     r"\(CUDA, compute capability 8.0\+\) and K a multiple of 128, got M=17, K=2048, engine simt"),
+    ("M17-on-sm75", dict(m=17, device=(68, 32, 65536, 65536, 75)), r"needs the mma engine .* got M=17, K=2048, "
+     "engine simt"),
+    ("M17-on-rocm", dict(m=17, device=(104, 64, 65536, 65536, 0)), "M > 16 runs on the tile kernel only"),
+    ("M17-K-tail", dict(m=17, k=2112, group_size=64), r"K a multiple of 128, got M=17, K=2112$"),
     ("group-96", dict(group_size=96, k=192), "group_size must be 32, 64 or 128, got 96"),
     ("K-not-multiple-of-group", dict(k=192), "K must be a multiple of group_size"),
     ("asym-N12", dict(n=12), "N must be a multiple of 8 with zero points"),
@@ -308,6 +329,8 @@ REFUSED = [
      "up to the 4 warps of a block, got 8"),
     ("split-stream-beyond-pieces", dict(kernel="stream", k=256, split=3),
      r"the stream kernel's split must be in \[1, K/128\] = \[1, 2\], got 3"),
+    ("split-tile-beyond-pieces", dict(kernel="tile", m=17, k=256, split=3),
+     r"the tile kernel's split must be in \[1, K/128\] = \[1, 2\], got 3"),
     ("split-stream-too-small-for-shared", dict(kernel="stream", m=16, k=14336, n=4096, split=1),
      "bytes of shared memory a block, the device allows"),
     ("policy-ring_max_m-20", dict(policy=policy_with(ring_max_m=20)),
@@ -395,6 +418,14 @@ EMULATED = [
     ("stream", "mma", 264, 2048, 32, torch.float16, False, 9, dict(num_sms=4), "stream"),
     ("stream", "mma", 8, 1024, 128, torch.bfloat16, False, 5, dict(split=5), "stream"),
     ("stream", "mma", 64, 2048, 32, torch.float16, True, 2, {}, "stream"),
+    # tile: every M tile (16 with its G = 128 sums scaled after the mma, 32, 64, and 128 with two
+    # warps along M and several M tiles), rows past n and m, K split across blocks unevenly, G = 32
+    # and 64, a padded x row stride and a misaligned scale view; its own split plan on 4 SMs.
+    ("tile", "mma", 264, 1024, 128, torch.bfloat16, False, 16, dict(split=1), "tile"),
+    ("tile", "mma", 264, 1024, 32, torch.float16, False, 20, dict(split=3, row_pad=24), "tile"),
+    ("tile", "mma", 200, 512, 64, torch.bfloat16, True, 64, dict(split=2, scale_offset=1), "tile"),
+    ("tile", "mma", 136, 512, 128, torch.float16, True, 130, dict(split=1), "tile"),
+    ("tile", "mma", 64, 2048, 64, torch.bfloat16, False, 40, dict(num_sms=4), "tile"),
     # The default plan each side of M = 4 and ring_max_m, with and without zero points, where it
     # runs each kernel (the persistent grid on one SM, x in shared memory on 4 SMs, the stream
     # kernel from stream_min_k) and the simt engine.
@@ -408,6 +439,7 @@ EMULATED = [
     ("auto", "mma", 264, 4096, 64, torch.float16, True, 16, {}, "batch"),
     ("auto", "mma", 264, 2016, 32, torch.bfloat16, False, 9, {}, "batch"),
     ("auto", "mma", 64, 6144, 128, torch.bfloat16, False, 12, {}, "stream"),
+    ("auto", "mma", 64, 1024, 128, torch.bfloat16, False, 17, {}, "tile"),
     ("auto", "simt", 264, 2048, 128, torch.float16, True, 1, {}, "ring"),
     ("auto", "simt", 264, 2048, 128, torch.bfloat16, False, 3, {}, "batch"),
 ]
@@ -517,6 +549,7 @@ PROBED = {
     "segment_smem": (4, dict(split=1)),
     "segment_persistent": (4, dict(num_sms=3, policy=policy_with(persistent_min_iters=0, persistent_max_load_pct=100))),
     "stream": (16, dict(split=2)),
+    "tile": (40, dict(split=2)),
 }
 
 
@@ -589,7 +622,7 @@ def test_build_sources_are_the_family_units():
     csrc/, nothing else."""
     names = [f.name for f in skinny._sources()]
     assert names == ["skinny_binding.cpp", "skinny_launch.cu", "skinny_batch.cu", "skinny_ring.cu",
-                     "skinny_segment.cu", "skinny_stream.cu"]
+                     "skinny_segment.cu", "skinny_stream.cu", "skinny_tile.cu"]
     assert sorted(f.name for f in CSRC.glob("*.cu")) == sorted(names[1:])
     for f in skinny._sources():
         assert f.exists(), f
@@ -673,9 +706,20 @@ def test_fake_on_meta_tensors():
     assert tuple(y.shape) == (5, 32)
 
 
-def test_fake_rejects_m_beyond_max():
-    with FakeTensorMode(), pytest.raises(RuntimeError, match=f"at most {skinny.MAX_M}"):
-        x = torch.empty(skinny.MAX_M + 1, 256, dtype=torch.float16)
+@pytest.mark.parametrize("m", (skinny.MAX_M + 1, 130), ids=lambda m: f"M{m}")
+def test_fake_takes_m_beyond_max(m):
+    """Above MAX_M the tile kernel runs any M: the fake gives its [M, N] (the op's plan refuses a
+    call the tile kernel cannot run)."""
+    with FakeTensorMode():
+        x = torch.empty(m, 256, dtype=torch.float16)
+        y = torch.ops.w4a16.skinny_matmul(x, *weights(64, 256, 128, torch.float16, True), 128, None, "auto",
+                                          default_policy())
+    assert tuple(y.shape) == (m, 64) and y.dtype == torch.float16
+
+
+def test_fake_rejects_no_rows():
+    with FakeTensorMode(), pytest.raises(RuntimeError, match="at least one row"):
+        x = torch.empty(0, 256, dtype=torch.float16)
         torch.ops.w4a16.skinny_matmul(x, *weights(64, 256, 128, torch.float16, True), 128, None, "auto",
                                       default_policy())
 
@@ -690,7 +734,9 @@ def call(m=1, n=64, k=256, g=128, dtype=torch.float16, symmetric=False, weight_d
 REJECTED = [
     pytest.param(dict(zeros=torch.zeros(64, 2, dtype=torch.float16)),
                  r"^Zero points must be int32 or uint32 \(packed 8x uint4 along dim 0\)", id="unpacked-zero-points"),
-    pytest.param(dict(m=skinny.MAX_M + 1), rf"M <= {skinny.MAX_M}, got M={skinny.MAX_M + 1}", id="M-above-max"),
+    pytest.param(dict(m=skinny.MAX_M + 1, k=192, g=64),
+                 rf"^skinny_matmul cannot take this call: M={skinny.MAX_M + 1} above {skinny.MAX_M} runs on the tile "
+                 rf"kernel, which needs K % {skinny.TILE_K} == 0, got K=192$", id="M-above-max-K-not-tiled"),
     pytest.param(dict(g=256, k=512), r"group_size must be one of \(32, 64, 128\)", id="group-size-256"),
     pytest.param(dict(k=48, g=32), "K must be a multiple of group_size", id="K-not-multiple-of-group"),
     pytest.param(dict(k=100, g=32), "K must be a multiple of 8", id="K-not-multiple-of-8"),
@@ -714,6 +760,23 @@ def test_wrapper_rejects_before_build(no_build, overrides, message):
 def test_valid_cpu_call_passes_the_contract_then_is_unavailable(no_build, weight_dtype):
     with pytest.raises(skinny.SkinnyUnavailable, match="CUDA/ROCm devices"):
         call(weight_dtype=weight_dtype)
+
+
+@pytest.mark.parametrize("m", (skinny.MAX_M + 1, 130), ids=lambda m: f"M{m}")
+def test_m_above_max_on_whole_tile_pieces_passes_the_contract(no_build, m):
+    """K = 256 is two TILE_K pieces: the tile kernel takes any M, so the call gets past the contract."""
+    with pytest.raises(skinny.SkinnyUnavailable, match="CUDA/ROCm devices"):
+        call(m=m, k=256)
+
+
+def test_unfit_names_what_the_tile_kernel_needs():
+    """unfit(m, k, rocm): "" up to MAX_M whatever K and device; above, the tile kernel's needs."""
+    assert [skinny.unfit(m, k, rocm) for m in (1, skinny.MAX_M) for k in (64, 192) for rocm in (False, True)] == \
+        [""] * 8
+    assert skinny.unfit(skinny.MAX_M + 1, 2 * skinny.TILE_K, False) == ""
+    assert skinny.unfit(4096, 4096, False) == ""
+    assert skinny.unfit(17, 192, False) == "M=17 above 16 runs on the tile kernel, which needs K % 128 == 0, got K=192"
+    assert "CUDA-only" in skinny.unfit(17, 256, True)
 
 
 def test_planner_builds_from_the_plan_header_alone():

@@ -63,6 +63,7 @@ OPCHECK = [  # M, K, N, G, dtype, symmetric, bias, qweight dtype
     (1, 256, 64, 32, torch.float16, False, True, torch.int32),
     (5, 512, 128, 128, torch.bfloat16, True, False, torch.int32),
     (16, 384, 72, 64, torch.float16, True, True, torch.int8),
+    (40, 512, 96, 128, torch.bfloat16, False, True, torch.int32),
 ]
 
 
@@ -134,7 +135,7 @@ CASES = [
     ("valid-M16-default-overlap", lambda: {**valid(16, *DECODE), "overlap": "weights"}, None),
     ("valid-M16-stream", lambda: {**valid(16, *DECODE), "kernel": "stream"}, None),
     ("x-float32", with_(x=lambda: torch.randn(2, 256, device="cuda")), "x must be float16 or bfloat16"),
-    ("M17", lambda: valid(m=17), "M must be in [1, 16]"),
+    ("M17-K-not-tiled", lambda: valid(m=17, k=192, g=64), "M > 16 runs on the tile kernel only"),
     ("group-96", with_(group_size=96), "group_size must be 32, 64 or 128"),
     ("K-not-multiple-of-group", lambda: {**valid(k=192, g=64), "group_size": 128}, "K must be a multiple of group_size"),
     ("x-strided-K", with_(x=lambda: torch.randn(2, 512, device="cuda").to(torch.bfloat16)[:, ::2]),
@@ -172,7 +173,8 @@ CASES = [
     ("split-stream-beyond-pieces", with_(kernel="stream", split=3), "split must be in [1, K/128]"),
     ("split-stream-too-small-for-shared", lambda: {**valid(16, *DECODE), "kernel": "stream", "split": 1},
      "bytes of shared memory a block"),
-    ("plan-M17", lambda: plan_call(m=17), "skinny_plan: M must be in [1, 16]"),
+    ("plan-M0", lambda: plan_call(m=0), "skinny_plan: M must be at least 1, got M=0"),
+    ("plan-M17-simt", lambda: plan_call(m=17, engine="simt"), "skinny_plan: M > 16 runs on the tile kernel only"),
     ("plan-device-limits-three", lambda: plan_call(device_limits=[132, 32, 1024]), "device_limits must hold 5 values"),
     ("plan-split-with-auto", lambda: plan_call(split=2), "skinny_plan: split must be 0"),
 ]
@@ -304,6 +306,9 @@ BOUNDARIES = [
     Boundary(10248, 4096, 128, (1, 3), "persistent warps cutting row groups, the last half past N at M = 3"),
     Boundary(28680, 4096, 128, (7, 16), "the stream kernel's 2-slot ring, its last block 8 rows into N"),
 ]
+# Where the shape's K is whole 128-k pieces, the tile kernel (the default and when asked for) also
+# runs these M: each M tile of 16, 32, 64, 128 partly filled, and two M tiles of 128 at 130.
+TILE_MS = (17, 40, 64, 65, 130)
 LAYOUTS = {"bf16-asym": (torch.bfloat16, False), "fp16-sym": (torch.float16, True)}
 # (kernel, engine): the default on each engine, and every kernel asked for by name.
 REQUESTS = [("auto", "auto"), ("auto", "simt"), *((kernel, "auto") for kernel in skinny.KERNELS)]
@@ -311,13 +316,13 @@ REQUESTS = [("auto", "auto"), ("auto", "simt"), *((kernel, "auto") for kernel in
 
 @functools.lru_cache(maxsize=2)
 def boundary_problem(n: int, k: int, g: int, layout: str):
-    """(weight, kernel-layout weight, x [16, K] with rows K + 64 apart, bias, reference of x)."""
+    """(weight, kernel-layout weight, x [max(TILE_MS), K] with rows K + 64 apart, bias, reference of x)."""
     from oracle import reference_matmul
 
     dtype, symmetric = LAYOUTS[layout]
     w, kw = kernel_weights(n, k, g, symmetric, dtype, seed=n + k)
     gen = torch.Generator(device="cuda").manual_seed(3)
-    padded = torch.randn(16, k + 64, device="cuda", generator=gen).to(dtype)
+    padded = torch.randn(max(TILE_MS), k + 64, device="cuda", generator=gen).to(dtype)
     x = padded[:, 32:32 + k]  # row stride K + 64, 64 bytes in: aligned but strided
     bias = (torch.randn(n, device="cuda", generator=gen) * 0.1).to(dtype)
     return w, kw, x, bias, reference_matmul(x, w, bias)
@@ -335,7 +340,7 @@ def boundary_cells():
         for layout in LAYOUTS:
             for kernel, engine in REQUESTS:
                 marks = [pytest.mark.sanitize]
-                if kernel.startswith(("segment", "stream")):
+                if kernel.startswith(("segment", "stream", "tile")):
                     marks.append(needs_mma)
                 yield pytest.param(b, layout, kernel, engine, marks=marks,
                                    id=f"N{b.n}-K{b.k}-G{b.g}-{layout}-{kernel}-{engine}")
@@ -343,13 +348,16 @@ def boundary_cells():
 
 @pytest.mark.parametrize("boundary,layout,kernel,engine", list(boundary_cells()))
 def test_kernel_on_a_boundary_matches_the_oracle(boundary, layout, kernel, engine):
-    """The call at each M of the shape (the segmented kernels at M <= 4, where they run) is within
-    the oracle's error bound; the kernel the plan names runs it."""
+    """The call at each M of the shape (the segmented kernels at M <= 4, where they run; the tile
+    kernel, by default or by name, at TILE_MS too) is within the oracle's error bound; the kernel the
+    plan names runs it."""
     from oracle import judge, plain_torch_matmul
 
     w, kw, x, bias, ref = boundary_problem(boundary.n, boundary.k, boundary.g, layout)
     dtype = LAYOUTS[layout][0]
     ms = [m for m in boundary.ms if m <= 4] if kernel.startswith("segment") else list(boundary.ms)
+    if kernel in ("auto", "tile") and engine == "auto" and not skinny.unfit(max(TILE_MS), boundary.k, torch.version.hip is not None):
+        ms += TILE_MS
     for m in ms or [1]:
         plan = skinny.plan(m, boundary.n, boundary.k, boundary.g, kw.zeros is None, engine=engine, kernel=kernel)
         y = skinny.skinny_matmul(x[:m], kw.qweight, kw.scales, kw.zeros, boundary.g, bias, engine=engine, kernel=kernel)

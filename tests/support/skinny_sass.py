@@ -66,6 +66,7 @@ HIP_UNIT = """\
 #include "skinny_ring.cu"
 #include "skinny_segment.cu"
 #include "skinny_stream.cu"
+#include "skinny_tile.cu"
 #if defined(__HIP_DEVICE_COMPILE__)
 #if defined(__gfx1030__)
 static_assert(W4_WARP_SIZE == 32, "compat.h warp size on gfx1030 (wave32)");
@@ -158,8 +159,8 @@ class Kernel:
 def kernels() -> list[Kernel]:
     """The mma-engine kernels the default plan runs, with their loops' trip sizes: the segmented
     kernels' ring of 3 iterations x kSegRowSets rows, the ring's kRingStages x kLaneRows, the batch
-    kernel's 4 unrolled iterations x kLaneRows, the stream kernel's one piece of 4 rows; each row a
-    32-k chunk."""
+    kernel's 4 unrolled iterations x kLaneRows, the stream and tile kernels' one piece of 4 rows; each
+    row a 32-k chunk."""
     lane_k, lane_rows, seg_rows, ring_stages = map(plan_constant, ("kLaneK", "kLaneRows", "kSegRowSets", "kRingStages"))
     seg = 3 * seg_rows * lane_k
     ring = ring_stages * lane_rows * lane_k
@@ -167,11 +168,14 @@ def kernels() -> list[Kernel]:
     def segment(label: str, m_pad: int, xs: int, persist: int) -> Kernel:
         return Kernel(label, "skinny_segment", "segment_kernel", f"Li{m_pad}ELi{{g}}ELb{{sym}}ELb{xs}ELb{persist}E", seg)
 
-    def tile(label: str, unit: str, name: str, m_tile: int, trip: int) -> Kernel:
+    def register(label: str, unit: str, name: str, m_tile: int, trip: int) -> Kernel:
         return Kernel(label, unit, name, f"Li{m_tile}ELi{{g}}ELb{{sym}}ELNS_6EngineE1E", trip)
 
     def stream(label: str, m_tile: int, stages: int) -> Kernel:
         return Kernel(label, "skinny_stream", "stream_kernel", f"Li{m_tile}ELi{{g}}ELb{{sym}}ELi{stages}E", 4 * lane_k)
+
+    def tile(label: str, m_tile: int) -> Kernel:
+        return Kernel(label, "skinny_tile", "tile_kernel", f"Li{m_tile}ELi{{g}}ELb{{sym}}E", 4 * lane_k)
 
     return [
         segment("segment_smem, M = 1", 1, 1, 0),
@@ -179,11 +183,14 @@ def kernels() -> list[Kernel]:
         segment("segment_smem, M = 3..4", 4, 1, 0),
         segment("segment, M = 1 (x from global memory)", 1, 0, 0),
         segment("segment_persistent, M = 1 (its loop holds 3 row-group ends)", 1, 1, 1),
-        tile("ring, M = 5..8", "skinny_ring", "ring_kernel", 8, ring),
-        tile("batch, M = 9..16", "skinny_batch", "batch_kernel", 16, 4 * lane_rows * lane_k),
+        register("ring, M = 5..8", "skinny_ring", "ring_kernel", 8, ring),
+        register("batch, M = 9..16", "skinny_batch", "batch_kernel", 16, 4 * lane_rows * lane_k),
         stream("stream, M = 5..8", 8, 4),
         stream("stream, M = 9..16", 16, 4),
         stream("stream, M = 9..16, 2-slot ring", 16, 2),
+        tile("tile, M = 17..32", 32),
+        tile("tile, M = 33..64", 64),
+        tile("tile, M = 65 on (M tiles of 128)", 128),
     ]
 
 
