@@ -25,6 +25,7 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 HAS_GPU = torch.cuda.is_available()
 NEEDS_GPU = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA or ROCm device")
 H200 = Platform("cuda", "NVIDIA H200", (True, ""), (True, ""))
+H100 = Platform("cuda", "NVIDIA H100", (True, ""), (True, ""))
 CPU = Platform("cpu", "interpreter", (False, "the skinny kernel needs a CUDA or ROCm device"),
                (False, "Triton runs on CPU only under its interpreter (TRITON_INTERPRET=1)"))
 
@@ -114,12 +115,15 @@ def on(monkeypatch, platform: Platform) -> None:
     monkeypatch.setattr(dispatch, "detect_platform", lambda device: platform)
 
 
-def expected_ranges(platform: Platform, dense: bool) -> list[tuple[int, int | None, str]]:
-    """The dispatcher's rule restated from the policy thresholds (tests/optimized/test_hybrid.py
-    checks the rule itself)."""
+def expected_ranges(platform: Platform, dense: bool, k: int) -> list[tuple[int, int | None, str]]:
+    """The dispatcher's rule restated from the policy thresholds, for weights of K columns
+    (tests/optimized/test_hybrid.py checks the rule itself): skinny up to skinny_max_m where it
+    takes that M (above MAX_M only its tile kernel runs, on CUDA with K % 128 == 0), else up to
+    MAX_M at most."""
     t = dispatch.thresholds_for(platform.name)
     out, lo = [], 1
-    skinny_hi = min(t.skinny_max_m, skinny.MAX_M)
+    takes_all = not skinny.unfit(t.skinny_max_m, k, platform.kind == "rocm")
+    skinny_hi = t.skinny_max_m if takes_all else min(t.skinny_max_m, skinny.MAX_M)
     if platform.skinny[0]:
         out.append((1, skinny_hi, "skinny"))
         lo = skinny_hi + 1
@@ -135,24 +139,28 @@ def expected_ranges(platform: Platform, dense: bool) -> list[tuple[int, int | No
     return out
 
 
-@pytest.mark.parametrize("platform, dense", (
-    pytest.param(H200, False, id="h200"),
-    pytest.param(H200, True, id="h200-dense-cache"),
-    pytest.param(CPU, True, id="cpu-dense-cache"),
+@pytest.mark.parametrize("platform, dense, k", (
+    pytest.param(H200, False, 128, id="h200"),
+    pytest.param(H200, True, 128, id="h200-dense-cache"),
+    pytest.param(CPU, True, 128, id="cpu-dense-cache"),
+    pytest.param(H100, False, 128, id="h100-skinny-past-16"),
+    pytest.param(H100, False, 192, id="h100-K-not-tiled-skinny-to-16"),
 ))
-def test_repr_names_layout_and_implementation_per_m_range(monkeypatch, platform, dense):
+def test_repr_names_layout_and_implementation_per_m_range(monkeypatch, platform, dense, k):
     on(monkeypatch, platform)
-    w = make_weight(20, 128, 64, False, act_order=True, seed=7)
+    w = make_weight(20, k, 64, False, act_order=True, seed=7)
     layer = W4A16Linear.from_weight(w, torch.bfloat16, torch.zeros(20), dense_cache=dense)
     ranges = layer.implementation_ranges()
-    assert ranges == expected_ranges(platform, dense)
+    assert ranges == expected_ranges(platform, dense, k)
+    if platform is H100:
+        assert ranges[0] == (1, 64 if k % 128 == 0 else 16, "skinny"), ranges
     # Each range agrees with choose() inside it and at its edges.
     from optimized import choose
     for lo, hi, name in ranges:
         for m in {lo, (lo + hi) // 2 if hi else lo * 3, hi or 4096}:
             assert choose(m, layer.prepared).name == name, (m, ranges)
     text = repr(layer)
-    for part in ("in_features=128", "out_features=20", "bias=True", "dtype=bfloat16", "group_size=64",
+    for part in (f"in_features={k}", "out_features=20", "bias=True", "dtype=bfloat16", "group_size=64",
                  "asymmetric", "act-order", "kernel layout"):
         assert part in text, text
     assert ("dense cache" in text) == dense
