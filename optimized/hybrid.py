@@ -7,8 +7,9 @@
 torch.compile traces it). The op rebuilds a `PreparedWeight` from its tensors, whose constructor
 accepts only the kernel layout, and `optimized.dispatch` chooses the implementation: the dense
 prefill cache for large M when `prepare(..., dense_cache=True)` built one, the skinny kernel for
-decode where it is built, Triton otherwise, and plain torch where nothing else runs. Force one
-with `impl=` or $W4A16_IMPL; a forced one that cannot run raises.
+decode and small batches (up to the policy's skinny_max_m) where it is built, Triton otherwise,
+and plain torch where nothing else runs. Force one with `impl=` or $W4A16_IMPL; a forced one that
+cannot run raises.
 """
 
 from __future__ import annotations

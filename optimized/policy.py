@@ -43,7 +43,8 @@ class Evidence:
 
 @dataclass(frozen=True)
 class HybridThresholds:
-    """skinny_max_m:    the skinny kernel is preferred for M <= this (it can run up to its own limit).
+    """skinny_max_m:    the skinny kernel is preferred for M <= this where it takes the call (above
+                     skinny.MAX_M only its tile kernel runs: CUDA, K % 128 == 0).
     transient_min_m: W dequantized into a shared workspace, then one dense GEMM, for M >= this.
     dense_min_m:     with a dense cache, the dense GEMM is preferred for M >= this."""
 

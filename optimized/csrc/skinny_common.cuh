@@ -374,6 +374,33 @@ __device__ __forceinline__ void scaled_pairs(uint32_t w, uint32_t z, uint32_t s2
 }
 
 
+// The stream and tile kernels' 32 rows a warp: a lane's dequantized pairs d[a] of rows quad + 8 a
+// (a_pairs of word j) as two 16-row A tiles, times B tile bt (x fragments b of steps 2 j, 2 j + 1),
+// into c[i][bt] for A tile i.
+template <typename T, int TILES>
+__device__ __forceinline__ void mma_rows32(const uint32_t (&d)[4][4], const uint4& b, float (&c)[2][TILES][4], int bt) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t a_even[4] = {d[2 * i][0], d[2 * i + 1][0], d[2 * i][1], d[2 * i + 1][1]};
+    const uint32_t a_odd[4] = {d[2 * i][2], d[2 * i + 1][2], d[2 * i][3], d[2 * i + 1][3]};
+    mma16816<T>(c[i][bt], a_even, b.x, b.y);
+    mma16816<T>(c[i][bt], a_odd, b.z, b.w);
+  }
+}
+
+// acc += s * part for one group's sums of mma_rows32 (C entries 0, 1 are row quad (+ 16 i), 2, 3
+// row quad + 8: scale bits s[2 i], s[2 i + 1]).
+template <typename T, int TILES>
+__device__ __forceinline__ void add_scaled(float (&acc)[2][TILES][4], const float (&part)[2][TILES][4],
+                                           const uint32_t (&s)[4]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int bt = 0; bt < TILES; ++bt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][bt][c] += bits_to_float<T>(s[2 * i + c / 2]) * part[i][bt][c];
+}
+
 // A operand pairs of one word: exact q - z when the sums are scaled after the mma, else
 // (q - z) * s rounded to T.
 template <typename T, bool SCALE_AFTER>

@@ -131,32 +131,16 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) stream_kernel(
       z[a] = SYM ? 8u : (zs[(srow / 8 + a) * L.groups + gi] >> (4 * quad)) & 0xFu;
     }
     float part[2][kTiles][4] = {};
+    float(&c)[2][kTiles][4] = kScaleAfter ? part : acc;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t d[4][4];
 #pragma unroll
       for (int a = 0; a < 4; ++a) detail::a_pairs<T, kScaleAfter>(detail::word(w[a], j), z[a], s2[a], d[a]);
 #pragma unroll
-      for (int bt = 0; bt < kTiles; ++bt) {
-        const uint4 b = xl[bt][16 * piece + 4 * j];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const uint32_t a_even[4] = {d[2 * i][0], d[2 * i + 1][0], d[2 * i][1], d[2 * i + 1][1]};
-          const uint32_t a_odd[4] = {d[2 * i][2], d[2 * i + 1][2], d[2 * i][3], d[2 * i + 1][3]};
-          float(&c)[4] = kScaleAfter ? part[i][bt] : acc[i][bt];
-          detail::mma16816<T>(c, a_even, b.x, b.y);
-          detail::mma16816<T>(c, a_odd, b.z, b.w);
-        }
-      }
+      for (int bt = 0; bt < kTiles; ++bt) detail::mma_rows32<T>(d, xl[bt][16 * piece + 4 * j], c, bt);
     }
-    if constexpr (kScaleAfter) {  // C entries 0, 1 are row quad (+ 16 i), 2, 3 row quad + 8
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int bt = 0; bt < kTiles; ++bt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[i][bt][c] += bits_to_float<T>(s[2 * i + c / 2]) * part[i][bt][c];
-    }
+    if constexpr (kScaleAfter) detail::add_scaled<T>(acc, part, s);
   }
 
   // Partial sums [warps_k][rows][M_TILE] over the rings, once every warp is done with its ring.

@@ -145,6 +145,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) tile_kernel(const SkinnyParam
     }
     const uint4* xl = stage + kWeightUnits;
     float part[2][kTiles][4] = {};
+    float(&c)[2][kTiles][4] = kScaleAfter ? part : acc;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t d[4][4];
@@ -155,24 +156,10 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) tile_kernel(const SkinnyParam
         const int r = WM * wm + 8 * bt + quad;
         uint32_t b[4];
         detail::x_fragments(xl[r * 16 + detail::tile_x_swizzle(r, 4 * t + j)], b);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const uint32_t a_even[4] = {d[2 * i][0], d[2 * i + 1][0], d[2 * i][1], d[2 * i + 1][1]};
-          const uint32_t a_odd[4] = {d[2 * i][2], d[2 * i + 1][2], d[2 * i][3], d[2 * i + 1][3]};
-          float(&c)[4] = kScaleAfter ? part[i][bt] : acc[i][bt];
-          detail::mma16816<T>(c, a_even, b[0], b[1]);
-          detail::mma16816<T>(c, a_odd, b[2], b[3]);
-        }
+        detail::mma_rows32<T>(d, make_uint4(b[0], b[1], b[2], b[3]), c, bt);
       }
     }
-    if constexpr (kScaleAfter) {  // C entries 0, 1 are row quad (+ 16 i), 2, 3 row quad + 8
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int bt = 0; bt < kTiles; ++bt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[i][bt][c] += bits_to_float<T>(s[2 * i + c / 2]) * part[i][bt][c];
-    }
+    if constexpr (kScaleAfter) detail::add_scaled<T>(acc, part, s);
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
       s[a] = s_next[a];
