@@ -514,6 +514,18 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) reduce_partials_kernel(const 
   static_cast<T*>(p.y)[idx] = from_float<T>(v);
 }
 
+// Output (m, n) of a K-split kernel's block ks: its fp32 sum v into partials[ks] at split > 1,
+// else v + bias rounded once into y.
+template <typename T>
+__device__ __forceinline__ void store_split_output(const SkinnyParams& p, int ks, int m, int n, float v) {
+  if (p.split > 1) {
+    p.partials[(static_cast<int64_t>(ks) * p.m + m) * p.n + n] = v;
+    return;
+  }
+  if (p.bias != nullptr) v += bits_to_float<T>(load_bias(static_cast<const unsigned short*>(p.bias) + n));
+  static_cast<T*>(p.y)[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
+}
+
 // The reduction of a K-split call's partial sums (nothing at split 1).
 template <typename T>
 void launch_reduce(const SkinnyParams& p, stream_t stream) {

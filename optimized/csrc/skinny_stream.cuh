@@ -154,19 +154,12 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) stream_kernel(
       for (int c = 0; c < 4; ++c)
         red[(wk * L.rows + srow + 16 * i + 8 * (c / 2)) * M_TILE + 8 * bt + 2 * t + c % 2] = acc[i][bt][c];
   __syncthreads();
-  T* __restrict__ y = static_cast<T*>(p.y);
-  const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
   for (int idx = threadIdx.x; idx < L.rows * p.m; idx += kBlockThreads) {
     const int m = idx / L.rows, r = idx - m * L.rows, n = n0 + r;
     if (n >= p.n) continue;
     float v = 0.f;
     for (int w = 0; w < L.warps_k; ++w) v += red[(w * L.rows + r) * M_TILE + m];
-    if (p.split > 1) {
-      p.partials[(static_cast<int64_t>(ks) * p.m + m) * p.n + n] = v;
-    } else {
-      if (bias != nullptr) v += bits_to_float<T>(detail::load_bias(bias + n));
-      y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
-    }
+    detail::store_split_output<T>(p, ks, m, n, v);
   }
 }
 

@@ -179,18 +179,10 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) tile_kernel(const SkinnyParam
       for (int c = 0; c < 4; ++c)
         red[(WM * wm + 8 * bt + 2 * t + c % 2) * kRows + srow + 16 * i + 8 * (c / 2)] = acc[i][bt][c];
   __syncthreads();
-  T* __restrict__ y = static_cast<T*>(p.y);
-  const unsigned short* __restrict__ bias = static_cast<const unsigned short*>(p.bias);
   const int rows = min(kRows, p.n - n0), ms = min(M_TILE, p.m - m0);
   for (int idx = threadIdx.x; idx < rows * ms; idx += kBlockThreads) {
-    const int ml = idx / rows, r = idx - ml * rows, m = m0 + ml, n = n0 + r;
-    float v = red[ml * kRows + r];
-    if (p.split > 1) {
-      p.partials[(static_cast<int64_t>(ks) * p.m + m) * p.n + n] = v;
-    } else {
-      if (bias != nullptr) v += bits_to_float<T>(detail::load_bias(bias + n));
-      y[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
-    }
+    const int ml = idx / rows, r = idx - ml * rows;
+    detail::store_split_output<T>(p, ks, m0 + ml, n0 + r, red[ml * kRows + r]);
   }
 }
 
