@@ -374,33 +374,6 @@ __device__ __forceinline__ void scaled_pairs(uint32_t w, uint32_t z, uint32_t s2
 }
 
 
-// The stream and tile kernels' 32 rows a warp: a lane's dequantized pairs d[a] of rows quad + 8 a
-// (a_pairs of word j) as two 16-row A tiles, times B tile bt (x fragments b of steps 2 j, 2 j + 1),
-// into c[i][bt] for A tile i.
-template <typename T, int TILES>
-__device__ __forceinline__ void mma_rows32(const uint32_t (&d)[4][4], const uint4& b, float (&c)[2][TILES][4], int bt) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const uint32_t a_even[4] = {d[2 * i][0], d[2 * i + 1][0], d[2 * i][1], d[2 * i + 1][1]};
-    const uint32_t a_odd[4] = {d[2 * i][2], d[2 * i + 1][2], d[2 * i][3], d[2 * i + 1][3]};
-    mma16816<T>(c[i][bt], a_even, b.x, b.y);
-    mma16816<T>(c[i][bt], a_odd, b.z, b.w);
-  }
-}
-
-// acc += s * part for one group's sums of mma_rows32 (C entries 0, 1 are row quad (+ 16 i), 2, 3
-// row quad + 8: scale bits s[2 i], s[2 i + 1]).
-template <typename T, int TILES>
-__device__ __forceinline__ void add_scaled(float (&acc)[2][TILES][4], const float (&part)[2][TILES][4],
-                                           const uint32_t (&s)[4]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int bt = 0; bt < TILES; ++bt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][bt][c] += bits_to_float<T>(s[2 * i + c / 2]) * part[i][bt][c];
-}
-
 // A operand pairs of one word: exact q - z when the sums are scaled after the mma, else
 // (q - z) * s rounded to T.
 template <typename T, bool SCALE_AFTER>
@@ -409,6 +382,46 @@ __device__ __forceinline__ void a_pairs(uint32_t w, uint32_t z, uint32_t s2, uin
     nibble_pairs<T>(w, z, out);
   } else {
     scaled_pairs<T>(w, z, s2, out);
+  }
+}
+
+// One 128-k piece of the stream and tile kernels' 32 rows a warp: a lane's words w[a] of rows
+// quad + 8 a (chunk t), their zero points z[a] and scale bits s[a], as two 16-row A tiles, times
+// every B tile bt (b(j, bt): the x fragments of steps 2 j, 2 j + 1), into acc[i][bt] for A tile i.
+// SCALE_AFTER (the piece's 4 chunks are one group): exact q - z meet x, and each piece's fp32 sums
+// are scaled once (C entries 0, 1 are row quad (+ 16 i), 2, 3 row quad + 8).
+template <typename T, bool SCALE_AFTER, int TILES, typename B>
+__device__ __forceinline__ void piece_mma(const uint4 (&w)[4], const uint32_t (&z)[4], const uint32_t (&s)[4],
+                                          float (&acc)[2][TILES][4], B&& b) {
+  uint32_t s2[4];
+#pragma unroll
+  for (int a = 0; a < 4; ++a) s2[a] = s[a] * 0x10001u;
+  float part[2][TILES][4] = {};
+  float(&c)[2][TILES][4] = SCALE_AFTER ? part : acc;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t d[4][4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) a_pairs<T, SCALE_AFTER>(word(w[a], j), z[a], s2[a], d[a]);
+#pragma unroll
+    for (int bt = 0; bt < TILES; ++bt) {
+      const uint4 x = b(j, bt);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t a_even[4] = {d[2 * i][0], d[2 * i + 1][0], d[2 * i][1], d[2 * i + 1][1]};
+        const uint32_t a_odd[4] = {d[2 * i][2], d[2 * i + 1][2], d[2 * i][3], d[2 * i + 1][3]};
+        mma16816<T>(c[i][bt], a_even, x.x, x.y);
+        mma16816<T>(c[i][bt], a_odd, x.z, x.w);
+      }
+    }
+  }
+  if constexpr (SCALE_AFTER) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int bt = 0; bt < TILES; ++bt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[i][bt][k] += bits_to_float<T>(s[2 * i + k / 2]) * part[i][bt][k];
   }
 }
 // 16 bytes global -> shared, asynchronously, bypassing L1 (weights are read once), with the

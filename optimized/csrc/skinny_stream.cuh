@@ -122,25 +122,14 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) stream_kernel(
     const int piece = pw0 + e - pb0;  // in the block's range
     const int gi = (piece * kStreamPieceK + kLaneK * t) / G;
     uint4 w[4];
-    uint32_t s[4], s2[4], z[4];
+    uint32_t s[4], z[4];
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
       w[a] = slot[(quad + 8 * a) * 4 + t];
       s[a] = ss[(srow + 8 * a) * L.scale_stride + gi];
-      s2[a] = s[a] * 0x10001u;
       z[a] = SYM ? 8u : (zs[(srow / 8 + a) * L.groups + gi] >> (4 * quad)) & 0xFu;
     }
-    float part[2][kTiles][4] = {};
-    float(&c)[2][kTiles][4] = kScaleAfter ? part : acc;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t d[4][4];
-#pragma unroll
-      for (int a = 0; a < 4; ++a) detail::a_pairs<T, kScaleAfter>(detail::word(w[a], j), z[a], s2[a], d[a]);
-#pragma unroll
-      for (int bt = 0; bt < kTiles; ++bt) detail::mma_rows32<T>(d, xl[bt][16 * piece + 4 * j], c, bt);
-    }
-    if constexpr (kScaleAfter) detail::add_scaled<T>(acc, part, s);
+    detail::piece_mma<T, kScaleAfter>(w, z, s, acc, [&](int j, int bt) { return xl[bt][16 * piece + 4 * j]; });
   }
 
   // Partial sums [warps_k][rows][M_TILE] over the rings, once every warp is done with its ring.

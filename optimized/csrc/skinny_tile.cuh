@@ -137,29 +137,15 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) tile_kernel(const SkinnyParam
     const uint4* stage = smem + e % S * kStageUnits;
     const uint4* wl = stage + srow * 4 + t;
     uint4 w[4];
-    uint32_t s2[4];
 #pragma unroll
-    for (int a = 0; a < 4; ++a) {
-      w[a] = wl[32 * a];
-      s2[a] = s[a] * 0x10001u;
-    }
+    for (int a = 0; a < 4; ++a) w[a] = wl[32 * a];
     const uint4* xl = stage + kWeightUnits;
-    float part[2][kTiles][4] = {};
-    float(&c)[2][kTiles][4] = kScaleAfter ? part : acc;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t d[4][4];
-#pragma unroll
-      for (int a = 0; a < 4; ++a) detail::a_pairs<T, kScaleAfter>(detail::word(w[a], j), z[a], s2[a], d[a]);
-#pragma unroll
-      for (int bt = 0; bt < kTiles; ++bt) {
-        const int r = WM * wm + 8 * bt + quad;
-        uint32_t b[4];
-        detail::x_fragments(xl[r * 16 + detail::tile_x_swizzle(r, 4 * t + j)], b);
-        detail::mma_rows32<T>(d, make_uint4(b[0], b[1], b[2], b[3]), c, bt);
-      }
-    }
-    if constexpr (kScaleAfter) detail::add_scaled<T>(acc, part, s);
+    detail::piece_mma<T, kScaleAfter>(w, z, s, acc, [&](int j, int bt) {
+      const int r = WM * wm + 8 * bt + quad;
+      uint32_t b[4];
+      detail::x_fragments(xl[r * 16 + detail::tile_x_swizzle(r, 4 * t + j)], b);
+      return make_uint4(b[0], b[1], b[2], b[3]);
+    });
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
       s[a] = s_next[a];
