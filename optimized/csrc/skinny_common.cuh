@@ -385,6 +385,20 @@ __device__ __forceinline__ void a_pairs(uint32_t w, uint32_t z, uint32_t s2, uin
   }
 }
 
+// piece_mma's sums of a warp's 32 rows: row quad + 16 i + 8 (c / 2) and column (m) 8 bt + 2 t + c % 2
+// of acc[i][bt][c] into out[row * row_stride + column * column_stride].
+template <int TILES>
+__device__ __forceinline__ void store_fragments(const float (&acc)[2][TILES][4], float* out, int row_stride,
+                                                int column_stride, int quad, int t) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int bt = 0; bt < TILES; ++bt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        out[(quad + 16 * i + 8 * (c / 2)) * row_stride + (8 * bt + 2 * t + c % 2) * column_stride] = acc[i][bt][c];
+}
+
 // One 128-k piece of the stream and tile kernels' 32 rows a warp: a lane's words w[a] of rows
 // quad + 8 a (chunk t), their zero points z[a] and scale bits s[a], as two 16-row A tiles, times
 // every B tile bt (b(j, bt): the x fragments of steps 2 j, 2 j + 1), into acc[i][bt] for A tile i.

@@ -135,13 +135,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, kStreamMinBlocks) stream_kernel(
   // Partial sums [warps_k][rows][M_TILE] over the rings, once every warp is done with its ring.
   float* red = reinterpret_cast<float*>(smem);
   __syncthreads();
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int bt = 0; bt < kTiles; ++bt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        red[(wk * L.rows + srow + 16 * i + 8 * (c / 2)) * M_TILE + 8 * bt + 2 * t + c % 2] = acc[i][bt][c];
+  detail::store_fragments(acc, red + (wk * L.rows + 32 * wn) * M_TILE, M_TILE, 1, quad, t);
   __syncthreads();
   for (int idx = threadIdx.x; idx < L.rows * p.m; idx += kBlockThreads) {
     const int m = idx / L.rows, r = idx - m * L.rows, n = n0 + r;

@@ -157,13 +157,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) tile_kernel(const SkinnyParam
   detail::cp_async_wait<0>();
   __syncthreads();
   float* red = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int bt = 0; bt < kTiles; ++bt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        red[(WM * wm + 8 * bt + 2 * t + c % 2) * kRows + srow + 16 * i + 8 * (c / 2)] = acc[i][bt][c];
+  detail::store_fragments(acc, red + WM * wm * kRows + 32 * wn, 1, kRows, quad, t);
   __syncthreads();
   const int rows = min(kRows, p.n - n0), ms = min(M_TILE, p.m - m0);
   for (int idx = threadIdx.x; idx < rows * ms; idx += kBlockThreads) {
