@@ -1,4 +1,5 @@
-"""The skinny (decode) W4A16 kernel: one C++ source for CUDA and ROCm, built on first use.
+"""The skinny W4A16 kernel (decode, and small batches through its tile kernel): one C++ source for
+CUDA and ROCm, built on first use.
 
 Two ops are defined here (schema, and the matmul's fake implementation); the extension
 (csrc/skinny_binding.cpp) registers their implementations when it is built:
