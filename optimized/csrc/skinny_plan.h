@@ -96,6 +96,9 @@ W4_HD constexpr bool is_segment(int kernel) {
   return kernel == kSegment || kernel == kSegmentSmem || kernel == kSegmentPersistent;
 }
 
+// The kernels whose split is blocks along K (whole 128-k pieces each), not warps of a block.
+W4_HD constexpr bool splits_blocks(int kernel) { return kernel == kStream || kernel == kTile; }
+
 // How a call overlaps the kernel before it on the stream:
 //  * kOverlapNone: a plain launch; the kernel starts when the previous one has finished.
 //  * kOverlapWeights (CUDA sm_90+, programmatic dependent launch; the plan settles it to
@@ -596,7 +599,7 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
                 "its own grid), got split=" + num(r.split) + " with kernel '" + r.kernel + "'");
   }
   const int warps = kBlockThreads / d.warp_size;
-  if (r.split > 0 && asked != kStream && asked != kTile && (r.split > warps || (r.split & (r.split - 1)) != 0)) {
+  if (r.split > 0 && !splits_blocks(asked) && (r.split > warps || (r.split & (r.split - 1)) != 0)) {
     return fail("a forced split of kernel " + r.kernel + " must be a power of two up to the " + num(warps) +
                 " warps of a block, got " + num(r.split));
   }
@@ -634,25 +637,17 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
   }
 
   // The split: a forced one steers the kernel it was asked for (where another one runs, that one
-  // takes its own plan's split); the stream kernel's must leave its blocks a piece and fit shared
-  // memory.
-  if (r.split > 0 && kernel == asked && kernel != kStream && kernel != kTile) {
-    plan.split = r.split;
-  } else if (r.split > 0 && kernel == kStream) {
-    if (r.split > k / kStreamPieceK) {
-      return fail("the stream kernel's split must be in [1, K/" + num(kStreamPieceK) + "] = [1, " +
-                  num(k / kStreamPieceK) + "], got " + num(r.split));
+  // takes its own plan's split); the stream and tile kernels' must leave their blocks a piece, and
+  // the stream kernel's must fit shared memory.
+  if (r.split > 0 && kernel == asked) {
+    if (splits_blocks(kernel) && r.split > k / kStreamPieceK) {
+      return fail(std::string("the ") + kKernelNames[kernel] + " kernel's split must be in [1, K/" +
+                  num(kStreamPieceK) + "] = [1, " + num(k / kStreamPieceK) + "], got " + num(r.split));
     }
-    const int shared = stream_plan_layout(n, m, k, r.group_size, r.symmetric, r.split, d).bytes;
+    const int shared = kernel == kStream ? stream_plan_layout(n, m, k, r.group_size, r.symmetric, r.split, d).bytes : 0;
     if (shared > d.max_shared) {
       return fail("the stream kernel at split " + num(r.split) + " needs " + num(shared) +
                   " bytes of shared memory a block, the device allows " + num(d.max_shared) + " (use a larger split)");
-    }
-    plan.split = r.split;
-  } else if (r.split > 0 && kernel == kTile) {
-    if (r.split > k / kStreamPieceK) {
-      return fail("the tile kernel's split must be in [1, K/" + num(kStreamPieceK) + "] = [1, " +
-                  num(k / kStreamPieceK) + "], got " + num(r.split));
     }
     plan.split = r.split;
   } else if (kernel == kTile) {

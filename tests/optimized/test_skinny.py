@@ -214,6 +214,16 @@ def test_kernel_names_are_the_plan_enum(kernel, m, k, n, split):
     assert emulated_plan(m, n, k, 128, False, kernel=kernel, split=split).kernel == kernel
 
 
+def test_a_forced_split_steers_only_the_kernel_it_was_asked_for():
+    """A split forced on a kernel that cannot run the call (segment at M = 17, where the tile kernel
+    runs) leaves the kernel that runs its own plan's split; forced on the tile kernel, it is taken."""
+    own = emulated_plan(17, 264, 2048, 128, False)
+    settled = emulated_plan(17, 264, 2048, 128, False, kernel="segment", split=2)
+    forced = emulated_plan(17, 264, 2048, 128, False, kernel="tile", split=2)
+    assert own.split != 2 and (settled.kernel, settled.split) == ("tile", own.split), (own, settled)
+    assert (forced.kernel, forced.split) == ("tile", 2), forced
+
+
 # (id, request, what runs): a kernel asked for where it cannot run, and the device's engine.
 SETTLED = [
     ("segment-above-M4-ring", dict(m=5, kernel="segment"), "ring"),
