@@ -4,8 +4,8 @@ CUDA and ROCm, built on first use.
 Two ops are defined here (schema, and the matmul's fake implementation); the extension
 (csrc/skinny_binding.cpp) registers their implementations when it is built:
 
-* `w4a16::skinny_matmul`: y = x @ W^T + bias: every kernel up to MAX_M rows of x, the tile kernel
-  (CUDA tensor cores, K % TILE_K == 0) at any M;
+* `w4a16::skinny_matmul`: y = x @ W^T + bias: every kernel up to MAX_M rows of x, the tile and
+  wgmma kernels (CUDA tensor cores, K % TILE_K == 0) at any M;
 * `w4a16::skinny_plan`: what such a call runs (csrc/skinny_plan.h plan_call, the one place that
   decides it), for reports and for grouping the M whose output rows are bit-identical.
 
@@ -37,7 +37,7 @@ import torch
 from .contract import ContractError, check_args
 
 MAX_M = 16                   # the most rows of x every kernel takes (csrc/skinny_plan.h kMaxM)
-TILE_K = 128                 # above MAX_M only the tile kernel runs: CUDA sm_80+, K a multiple of this
+TILE_K = 128                 # above MAX_M only the tile and wgmma kernels run: CUDA, K a multiple of this
 GROUP_SIZES = (32, 64, 128)  # the group sizes G it takes: each lane's 32-k chunk lies in one group
 ENGINES = ("auto", "mma", "simt")  # mma: CUDA tensor cores (sm_80+); simt: CUDA cores, the one HIP path
 # The kernels, in the order of csrc/skinny_plan.h Kernel, for the `kernel` argument and every report:
@@ -46,8 +46,10 @@ ENGINES = ("auto", "mma", "simt")  # mma: CUDA tensor cores (sm_80+); simt: CUDA
 # few rows (M <= 4, tensor cores) with x from global memory, x staged in shared memory, and x staged
 # on a persistent grid; "stream" streams weights through a shared-memory ring and may split K over
 # blocks (tensor cores, K % 128 == 0); "tile" streams weights and x through shared-memory stages, a
-# block an output tile of N x M (tensor cores, K % 128 == 0, any M), and splits K like "stream".
-KERNELS = ("batch", "ring", "segment", "segment_smem", "segment_persistent", "stream", "tile")
+# block an output tile of N x M (tensor cores, K % 128 == 0, any M), and splits K like "stream";
+# "wgmma" is "tile" on Hopper's warpgroup MMA, the weights dequantized into shared memory (compute
+# capability 9.0, M above 16).
+KERNELS = ("batch", "ring", "segment", "segment_smem", "segment_persistent", "stream", "tile", "wgmma")
 # How a call overlaps the kernel before it on the stream (csrc/skinny_plan.h Overlap, same order):
 # "none" (a plain launch); "weights" (programmatic dependent launch, CUDA sm_90+, a plain launch
 # elsewhere: the kernel's blocks may start while the previous kernel drains, load their first
@@ -63,14 +65,14 @@ class SkinnyPlan:
     kernel:           the name in KERNELS of the kernel that runs (the default, or the one asked
                       for where it can run the call).
     engine:           "mma" or "simt".
-    split:            the register kernels: warps of a block sharing each row; "stream", "tile":
+    split:            the register kernels: warps of a block sharing each row; "stream", "tile", "wgmma":
                       blocks sharing each row (K split over blocks, their fp32 sums added by a second
                       kernel).
     blocks:           the kernel's grid.
-    stages:           the stream kernel's shared-memory ring slots per warp, the tile kernel's
-                      shared-memory stages (0 for the others).
+    stages:           the stream kernel's shared-memory ring slots per warp, the tile and wgmma
+                      kernels' shared-memory stages (0 for the others).
     shared_bytes:     the kernel's dynamic shared memory.
-    workspace_floats: fp32 partial sums the stream or tile kernel allocates when it splits K.
+    workspace_floats: fp32 partial sums the stream, tile or wgmma kernel allocates when it splits K.
     summation:        equal for two plans of one weight shape exactly when they add every output's
                       terms in the same order: the M whose plans share it give bit-identical rows.
     """
@@ -163,12 +165,14 @@ def _device_reason() -> str | None:
 def _cuda_flags() -> list[str]:
     if torch.version.hip is not None:
         return ["-O3"]  # PYTORCH_ROCM_ARCH (or the visible GPUs) picks the targets
-    # sm_90 machine code for the H200, and compute_90 PTX that newer GPUs JIT-compile.
-    return ["-O3", "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
+    # sm_90a machine code for the H100 and H200 (wgmma is sm_90a only), and compute_90 PTX that newer
+    # GPUs JIT-compile (without the wgmma kernel, which the plan runs on compute capability 9.0 only).
+    return ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90,code=compute_90"]
 
 
 # The kernel families' translation units, built side by side.
-FAMILY_UNITS = ("skinny_batch.cu", "skinny_ring.cu", "skinny_segment.cu", "skinny_stream.cu", "skinny_tile.cu")
+FAMILY_UNITS = ("skinny_batch.cu", "skinny_ring.cu", "skinny_segment.cu", "skinny_stream.cu", "skinny_tile.cu",
+                "skinny_wgmma.cu")
 
 
 def _sources() -> list[Path]:

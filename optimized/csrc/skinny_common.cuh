@@ -592,6 +592,8 @@ template <typename T>
 void launch_stream(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream);
 template <typename T>
 void launch_tile(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream);
+template <typename T>
+void launch_wgmma(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream);
 #endif
 
 }  // namespace detail

@@ -1,6 +1,6 @@
 // w4::launch (skinny_plan.h): runs a plan, calling the kernel family it names. The families'
 // instances are compiled in their own translation units (skinny_batch.cu, skinny_ring.cu,
-// skinny_segment.cu, skinny_stream.cu, skinny_tile.cu). Torch-free: the CPU compile check builds
+// skinny_segment.cu, skinny_stream.cu, skinny_tile.cu, skinny_wgmma.cu). Torch-free: the CPU compile check builds
 // and links it with those units as the extension does, and the emulator runs it.
 #include "skinny_common.cuh"
 
@@ -16,6 +16,7 @@ void launch_engine(const w4::SkinnyParams& p, const w4::SkinnyPlan& plan, w4::st
     case w4::kSegmentPersistent: return w4::detail::launch_segment<T>(p, plan, stream);
     case w4::kStream: return w4::detail::launch_stream<T>(p, plan, stream);
     case w4::kTile: return w4::detail::launch_tile<T>(p, plan, stream);
+    case w4::kWgmma: return w4::detail::launch_wgmma<T>(p, plan, stream);
 #endif
     default: return w4::detail::launch_batch<T, E>(p, plan, stream);
   }

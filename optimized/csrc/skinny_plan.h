@@ -58,6 +58,7 @@ constexpr int kStreamFewStages = 2;                        // the shallow ring (
 constexpr int kStreamSlotUnits = 32 * kStreamPieceK / 32;  // 16-byte units a slot: 32 rows x 4
 constexpr int kStreamMinBlocks = 2;                        // launch bounds: registers for two blocks an SM
 constexpr int kTileStages = 4;                             // the tile kernel's shared-memory stages
+constexpr int kWgmmaRows = 128;                            // the warpgroup kernel's rows: two warpgroups of 64
 // Shared memory the CUDA driver keeps for itself in each resident block (sm_80 and later).
 constexpr int kSharedReservePerBlock = 1024;
 
@@ -85,19 +86,21 @@ constexpr int kEngineNameMma = 1, kEngineNameSimt = 2;  // indices into kEngineN
 //    fp32 partial sums in a fixed order.
 //  * kTile (skinny_tile.cuh; mma engine, K % kStreamPieceK == 0, any M): weights and x stream
 //    through shared-memory stages shared by the block, which owns an output tile of N x M rows;
-//    the only kernel above kMaxM. It splits K as the stream kernel does.
+//    the only kernel above kMaxM on devices without wgmma. It splits K as the stream kernel does.
+//  * kWgmma (skinny_wgmma.cuh; compute capability 9.0, K % kStreamPieceK == 0, M > kMaxM): the
+//    tile kernel's tiles and split on warpgroup MMA, the weights dequantized into shared memory.
 enum Kernel : int { kBatch = 0, kRing = 1, kSegment = 2, kSegmentSmem = 3, kSegmentPersistent = 4, kStream = 5,
-                    kTile = 6 };
-constexpr int kNumKernels = 7;
+                    kTile = 6, kWgmma = 7 };
+constexpr int kNumKernels = 8;
 constexpr const char* kKernelNames[kNumKernels] = {"batch", "ring", "segment", "segment_smem", "segment_persistent",
-                                                   "stream", "tile"};
+                                                   "stream", "tile", "wgmma"};
 
 W4_HD constexpr bool is_segment(int kernel) {
   return kernel == kSegment || kernel == kSegmentSmem || kernel == kSegmentPersistent;
 }
 
 // The kernels whose split is blocks along K (whole 128-k pieces each), not warps of a block.
-W4_HD constexpr bool splits_blocks(int kernel) { return kernel == kStream || kernel == kTile; }
+W4_HD constexpr bool splits_blocks(int kernel) { return kernel == kStream || kernel == kTile || kernel == kWgmma; }
 
 // How a call overlaps the kernel before it on the stream:
 //  * kOverlapNone: a plain launch; the kernel starts when the previous one has finished.
@@ -280,6 +283,18 @@ W4_HD constexpr int tile_shared_bytes(int m_tile) {
   return kTileStages * (tile_block_rows(m_tile) * kStreamPieceK / 2 + m_tile * kStreamPieceK * 2);
 }
 
+// The warpgroup kernel's smallest default M (on an H100 the tile kernel was faster at M = 32 on 3 of
+// the 4 Llama-3.1-8B shapes, the warpgroup kernel from M = 64 on 3 of 4 and at M = 128 and 256 on
+// all), its M tile (the wgmma N), its stages (as many as fit beside the two dequantized operands of
+// 128 rows x 128 k) and its dynamic shared memory.
+constexpr int kWgmmaMinM = 33;
+W4_HD constexpr int wgmma_m(int m) { return m <= 64 ? 64 : 128; }
+W4_HD constexpr int wgmma_stages(int m_tile) { return m_tile <= 64 ? 6 : 4; }
+W4_HD constexpr int wgmma_shared_bytes(int m_tile) {
+  return wgmma_stages(m_tile) * (kWgmmaRows * kStreamPieceK / 2 + m_tile * kStreamPieceK * 2) +
+         2 * kWgmmaRows * kStreamPieceK * 2;
+}
+
 struct StreamLayout {
   int stages;                  // ring slots per warp
   int warps_n, warps_k, rows;  // rows = 32 warps_n
@@ -459,22 +474,24 @@ inline int stream_split(int n, int m_call, int k, int group_size, bool sym, cons
   return best_split > 0 ? best_split : total;
 }
 
-// The tile kernel's split (blocks along K), from a model of its time in microseconds: the grid runs
-// in waves of num_sms blocks, a block's
-// piece taking the longer of its weights at 3 TB/s and its mma work at 400 TFLOP/s, both shared by
-// a wave's blocks; split > 1 adds the partial sums (4 M N split bytes written and read, at 3 TB/s)
-// and the reduce kernel's launch (2 us). Every block keeps a piece. A larger split must win by 2%.
-// Planned for whole M tiles, so that the M of a tile count share it.
-inline int tile_split(int n, int m_call, int k, const DeviceLimits& d) {
-  const int m_tile = tile_m(m_call);
+// The tile and warpgroup kernels' split (blocks along K), from a model of their time in
+// microseconds: the grid runs in waves of num_sms blocks, a block's piece taking the longer of its
+// weights at 3 TB/s and its matrix work at the kernel's rate (400 TFLOP/s for mma.sync, 600 for
+// wgmma), both shared by a wave's blocks; split > 1 adds the partial sums (4 M N split bytes written
+// and read, at 3 TB/s) and the reduce kernel's launch (2 us). Every block keeps a piece. A larger
+// split must win by 2%. Planned for whole M tiles, so that the M of a tile count share it.
+inline int tile_split(int n, int m_call, int k, const DeviceLimits& d, int kernel) {
+  const bool wg = kernel == kWgmma;
+  const int m_tile = wg ? wgmma_m(m_call) : tile_m(m_call);
   const int64_t m_blocks = (m_call + m_tile - 1) / m_tile;
-  const int rows = tile_block_rows(m_tile);
+  const int rows = wg ? kWgmmaRows : tile_block_rows(m_tile);
+  const double flops_per_us = wg ? 6.0e8 : 4.0e8;
   const int total = k / kStreamPieceK;
   const int64_t tiles = (n + rows - 1) / rows * m_blocks;
   const int64_t slots = d.num_sms;  // one block an SM: its registers (launch bounds) allow no more
   const double piece_bytes = static_cast<double>(slots) * rows * kStreamPieceK / 2;
   const double piece_flops = static_cast<double>(slots) * rows * kStreamPieceK * m_tile * 2;
-  const double piece_us = std::max(piece_bytes / 3.0e6, piece_flops / 4.0e8);
+  const double piece_us = std::max(piece_bytes / 3.0e6, piece_flops / flops_per_us);
   double best = 0.0;
   int best_split = 1;
   for (int split = 1; split <= total; ++split) {
@@ -589,7 +606,7 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
   const int asked = r.kernel == "auto" ? -1 : name_index(kKernelNames, kNumKernels, r.kernel);
   if (asked < 0 && r.kernel != "auto") {
     return fail("kernel must be 'auto' or one of batch, ring, segment, segment_smem, segment_persistent, stream, "
-                "tile; got '" + r.kernel + "'");
+                "tile, wgmma; got '" + r.kernel + "'");
   }
   const int overlap = name_index(kOverlapNames, kNumOverlaps, r.overlap);
   if (overlap < 0) return fail("overlap must be 'none' or 'weights', got '" + r.overlap + "'");
@@ -617,7 +634,14 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
   // kernels of at most kSegMaxM rows, the stream kernel an mma kernel of whole 128-k pieces; in
   // their place the ring runs (the batch kernel for the stream kernel above ring_max_m).
   const int m = r.m, n = r.n, k = r.k;
-  int kernel = asked < 0 || m > kMaxM ? default_kernel(m, n, k, policy) : asked;
+  // Above kMaxM: the warpgroup kernel where it runs (compute capability 9.0) from kWgmmaMinM, else
+  // the tile kernel.
+  const bool wgmma_runs = mma && k % kStreamPieceK == 0 && d.compute_capability == 90;
+  int kernel = asked < 0 || (m > kMaxM && asked != kWgmma) ? default_kernel(m, n, k, policy) : asked;
+  if (kernel == kTile && asked != kTile && wgmma_runs && m >= kWgmmaMinM) kernel = kWgmma;
+  if (kernel == kWgmma && (!wgmma_runs || m <= kMaxM)) {
+    kernel = m > kMaxM ? kTile : default_kernel(m, n, k, policy);  // settled below like those
+  }
   if (kernel == kTile && (!mma || k % kStreamPieceK != 0)) {
     if (m > kMaxM) {
       return fail("M > " + num(kMaxM) + " runs on the tile kernel only, which needs the mma engine (CUDA, compute "
@@ -650,8 +674,8 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
                   " bytes of shared memory a block, the device allows " + num(d.max_shared) + " (use a larger split)");
     }
     plan.split = r.split;
-  } else if (kernel == kTile) {
-    plan.split = tile_split(n, m, k, d);
+  } else if (kernel == kTile || kernel == kWgmma) {
+    plan.split = tile_split(n, m, k, d, kernel);
   } else if (kernel == kStream) {
     plan.split = stream_split(n, m, k, r.group_size, r.symmetric, d, policy.stream_one_block_cost);
   } else {
@@ -703,6 +727,21 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
       plan.workspace_floats = plan.split > 1 ? static_cast<int64_t>(plan.split) * m * n : 0;
       break;
     }
+    case kWgmma: {
+      const int m_tile = wgmma_m(m);
+      plan.shared_bytes = wgmma_shared_bytes(m_tile);
+      if (plan.shared_bytes > d.max_shared) {
+        return fail("the wgmma kernel at M=" + num(m) + " needs " + num(plan.shared_bytes) + " bytes of shared "
+                    "memory a block, the device allows " + num(d.max_shared));
+      }
+      const int64_t blocks =
+          static_cast<int64_t>((n + kWgmmaRows - 1) / kWgmmaRows) * ((m + m_tile - 1) / m_tile) * plan.split;
+      if (blocks > INT32_MAX) return fail("the wgmma kernel's grid of " + num(blocks) + " blocks is over 2^31 - 1");
+      plan.blocks = static_cast<int>(blocks);
+      plan.stages = wgmma_stages(m_tile);
+      plan.workspace_floats = plan.split > 1 ? static_cast<int64_t>(plan.split) * m * n : 0;
+      break;
+    }
     default: {  // batch, ring
       const int rows = kTileRows / plan.split;
       plan.blocks = (n + rows - 1) / rows;
@@ -716,7 +755,7 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
   // G = 128 sums are scaled after the mma at 16), the persistent one's its grid too.
   const int order = kernel == kRing && !mma ? kBatch : kernel == kSegmentSmem ? kSegment : kernel;
   const int tile = is_segment(kernel) ? m_pad : kernel == kStream ? stream_warps_n(m)
-                 : kernel == kTile ? tile_warp_m(tile_m(m)) : 0;
+                 : kernel == kTile ? tile_warp_m(tile_m(m)) : kernel == kWgmma ? wgmma_m(m) : 0;
   const int64_t summation[5] = {mma ? kEngineNameMma : kEngineNameSimt, order, tile, plan.split,
                                 kernel == kSegmentPersistent ? plan.blocks : 0};
   for (int i = 0; i < 5; ++i) plan.summation[i] = summation[i];

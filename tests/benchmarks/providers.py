@@ -281,7 +281,8 @@ def resolve(name: str) -> Provider:
                         accepts=partial(_tile_runs, tile), info={"tile": tile.id})
     if base == "skinny":
         return Provider(name, partial(build_skinny, kernel=choice), w4_weight_bytes, groups=(32, 64, 128),
-                        max_m=None if choice == "tile" else 16, cpu=False, kernel=False, available=skinny_available,
+                        min_m=17 if choice == "wgmma" else 1, max_m=None if choice in ("tile", "wgmma") else 16,
+                        cpu=False, kernel=False, available=skinny_available,
                         accepts=_skinny_takes, info={"skinny_kernel": choice})
     raise KeyError(name)
 

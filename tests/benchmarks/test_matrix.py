@@ -109,12 +109,14 @@ def test_skinny_kernels_are_providers() -> None:
     assert p.info == {"skinny_kernel": "ring"} and p.max_m == 16 and not p.cpu
     tile = providers.resolve("skinny@tile")
     assert tile.info == {"skinny_kernel": "tile"} and tile.max_m is None and not tile.cpu
-    # The tile kernel runs any M (K % 128 == 0 on every default shape); every other kernel stops at 16.
+    # The tile kernel runs any M (K % 128 == 0 on every default shape), the wgmma kernel any M above
+    # 16 (below, the plan runs another kernel); every other kernel stops at 16.
     cells = matrix.matrix(selection(DEFAULTS | {"providers": "skinny@all", "m": "all"}))
     assert {c.provider for c in cells} == {f"skinny@{k}" for k in KERNELS}
+    expected = {"tile": set(TILE_MS), "wgmma": {m for m in TILE_MS if m > 16}}
     for kernel in KERNELS:
         ms = {c.m for c in cells if c.provider == f"skinny@{kernel}"}
-        assert ms == (set(TILE_MS) if kernel == "tile" else {1, 2, 3, 4, 8, 16}), kernel
+        assert ms == expected.get(kernel, {1, 2, 3, 4, 8, 16}), kernel
     assert max(matrix.ALL_M) > 16
     k_tail = LinearShape("boundary", "k_tail", 4096 + 64, 1024, 64)
     assert tile.valid(k_tail, 16, "bf16") and not tile.valid(k_tail, 17, "bf16")

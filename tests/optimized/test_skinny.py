@@ -107,12 +107,12 @@ def test_every_kernel_waits_for_its_predecessor_before_x_and_y(sm90, unit):
     so x must never take that path: the only 16-byte read-only loads are the weights' (L1
     no-allocate, .NA), and a 16-byte x load through __ldg fails this. Asynchronous copies to shared
     memory (LDGSTS, with their LDGDEPBAR) may precede the wait where they carry weights: all of the
-    stream kernel's, and the tile kernel's first 3 stages of weights (at most 4 copies a stage a
-    thread), with its x copies after the wait."""
+    stream kernel's, and the tile and wgmma kernels' first stages of weights (at most 12 copies a
+    thread: 3 stages of 4, or 6 of 2), with their x copies after the wait."""
     kernels = {name: ops for name, ops in skinny_sass.kernel_memory_ops(sm90 / f"{unit}.o").items()
                if "_kernel" in name}
     expected = {"skinny_batch": 84, "skinny_ring": 36, "skinny_segment": 108, "skinny_stream": 50,
-                "skinny_tile": 50}[unit]
+                "skinny_tile": 50, "skinny_wgmma": 26}[unit]
     assert len(kernels) == expected, f"{len(kernels)} kernels in {unit}, expected {expected}: {sorted(kernels)[:4]}"
     bad = {}
     for name, ops in kernels.items():
@@ -125,7 +125,7 @@ def test_every_kernel_waits_for_its_predecessor_before_x_and_y(sm90, unit):
                        and ".NA" not in op]
         early_copies = sum(op.startswith("LDGSTS") for op in ops[:wait[0] if wait else len(ops)])
         if x_read_only or not (trigger and wait and ordered and trigger[0] < wait[0] < ordered[0]) or \
-                ("tile_kernel" in name and early_copies > 3 * 4):
+                (("tile_kernel" in name or "wgmma_kernel" in name) and early_copies > 12):
             bad[name] = {"PREEXIT": trigger[:1], "ACQBULK": wait[:2], "first x load or y store": ordered[:1],
                          "read-only 16-byte loads": x_read_only[:2], "copies before the wait": early_copies}
     assert not bad, f"kernels that may touch x or y before waiting for the previous kernel: {bad}"
@@ -243,8 +243,13 @@ SETTLED = [
     ("tile-simt-M9-batch", dict(m=9, kernel="tile", engine="simt"), "batch"),
     ("tile-K-tail-M12-batch", dict(m=12, k=2016, group_size=32, kernel="tile"), "batch"),
     ("ring-above-M16-tile", dict(m=17, kernel="ring"), "tile"),
-    ("batch-above-M16-tile", dict(m=130, kernel="batch"), "tile"),
-    ("auto-M130-tile", dict(m=130), "tile"),
+    ("batch-above-M16-wgmma", dict(m=130, kernel="batch"), "wgmma"),
+    ("auto-M130-wgmma", dict(m=130), "wgmma"),
+    ("auto-M32-tile", dict(m=32), "tile"),
+    ("auto-M33-wgmma", dict(m=33), "wgmma"),
+    ("tile-M64-tile", dict(m=64, kernel="tile"), "tile"),
+    ("wgmma-M16-batch", dict(m=16, kernel="wgmma"), "batch"),
+    ("wgmma-sm80-M64-tile", dict(m=64, kernel="wgmma", device=(108, 32, 163 * 1024, 164 * 1024, 80)), "tile"),
     ("auto-sm75-M1-simt-ring", dict(m=1, device=(68, 32, 64 * 1024, 64 * 1024, 75)), "ring"),
     ("auto-rocm-wave64-M4-batch", dict(m=4, device=(104, 64, 64 * 1024, 64 * 1024, 0)), "batch"),
     ("ring-offsets-over-int32-batch", dict(m=5, n=1 << 20, k=1 << 16, kernel="ring"), "batch"),
@@ -436,6 +441,14 @@ EMULATED = [
     ("tile", "mma", 200, 512, 64, torch.bfloat16, True, 64, dict(split=2, scale_offset=1), "tile"),
     ("tile", "mma", 136, 512, 128, torch.float16, True, 130, dict(split=1), "tile"),
     ("tile", "mma", 64, 2048, 64, torch.bfloat16, False, 40, dict(num_sms=4), "tile"),
+    # wgmma: every M tile (32, 64, 128 and several M tiles), rows past n (a block is 128) and m, K
+    # split across blocks unevenly, G = 32 and 64, a padded x row stride and a misaligned scale view;
+    # its own split plan on 4 SMs.
+    ("wgmma", "mma", 264, 1024, 128, torch.bfloat16, False, 17, dict(split=1), "wgmma"),
+    ("wgmma", "mma", 200, 1024, 32, torch.float16, False, 40, dict(split=3, row_pad=24), "wgmma"),
+    ("wgmma", "mma", 136, 512, 64, torch.bfloat16, True, 64, dict(split=2, scale_offset=1), "wgmma"),
+    ("wgmma", "mma", 128, 512, 128, torch.float16, True, 130, dict(split=1), "wgmma"),
+    ("wgmma", "mma", 64, 2048, 64, torch.bfloat16, False, 100, dict(num_sms=4), "wgmma"),
     # The default plan each side of M = 4 and ring_max_m, with and without zero points, where it
     # runs each kernel (the persistent grid on one SM, x in shared memory on 4 SMs, the stream
     # kernel from stream_min_k) and the simt engine.
@@ -549,10 +562,11 @@ def test_emulated_stream_ring_depth_keeps_rows(emulator, tmp_path, symmetric, dt
     assert verdict.passed, verdict.summary()
 
 
+@pytest.mark.parametrize("kernel", ["tile", "wgmma"])
 @pytest.mark.parametrize("m_small,m_large", [(17, 32), (40, 64), (65, 130)], ids=lambda v: f"M{v}")
-def test_emulated_tile_rows_keep_their_bits_within_an_m_tile(emulator, tmp_path, m_small, m_large):
-    """The tile kernel's rows depend on M only through the plan: two M of one tile size (or of
-    whole M tiles of 128) at one split share their summation order, and the first rows are
+def test_emulated_tile_rows_keep_their_bits_within_an_m_tile(emulator, tmp_path, m_small, m_large, kernel):
+    """The tile and wgmma kernels' rows depend on M only through the plan: two M of one tile size
+    (or of whole M tiles of 128) at one split share their summation order, and the first rows are
     bit-identical; both match the oracle."""
     from oracle import judge, plain_torch_matmul, random_quantized, reference_matmul
     from oracle.layouts import to_kernel_layout
@@ -563,9 +577,9 @@ def test_emulated_tile_rows_keep_their_bits_within_an_m_tile(emulator, tmp_path,
     kw = to_kernel_layout(weight, dtype)
     x = torch.randn(m_large, k, generator=gen).to(dtype)
     bias = (torch.randn(n, generator=gen) * 0.1).to(dtype)
-    y_s, plan_s = emulate_call(emulator, tmp_path, x[:m_small], kw, bias, kernel="tile", split=2)
-    y_l, plan_l = emulate_call(emulator, tmp_path, x, kw, bias, kernel="tile", split=2)
-    assert plan_s.kernel == plan_l.kernel == "tile" and plan_s.summation == plan_l.summation
+    y_s, plan_s = emulate_call(emulator, tmp_path, x[:m_small], kw, bias, kernel=kernel, split=2)
+    y_l, plan_l = emulate_call(emulator, tmp_path, x, kw, bias, kernel=kernel, split=2)
+    assert plan_s.kernel == plan_l.kernel == kernel and plan_s.summation == plan_l.summation
     assert torch.equal(y_s.view(torch.int16), y_l[:m_small].view(torch.int16))
     verdict = judge(y_l, reference_matmul(x, weight, bias), dequant_dtype=dtype, dequant_roundings=1,
                     baseline=plain_torch_matmul(x, weight, bias))
@@ -583,6 +597,7 @@ PROBED = {
     "segment_persistent": (4, dict(num_sms=3, policy=policy_with(persistent_min_iters=0, persistent_max_load_pct=100))),
     "stream": (16, dict(split=2)),
     "tile": (40, dict(split=2)),
+    "wgmma": (40, dict(split=2)),
 }
 
 
@@ -606,7 +621,8 @@ def test_emulated_kernel_passes_exact_probes(emulator, tmp_path, kernel, dtype):
         return y
 
     result = run_probes(run, weight, dtype, bias, max_m=max_m)
-    assert ran == {kernel}, ran
+    # The wgmma kernel takes M above 16 only: below, the plan's own kernel runs the probes.
+    assert kernel in ran and (ran == {kernel} or kernel == "wgmma"), ran
     assert result.passed, result.summary()
 
 
@@ -655,7 +671,7 @@ def test_build_sources_are_the_family_units():
     csrc/, nothing else."""
     names = [f.name for f in skinny._sources()]
     assert names == ["skinny_binding.cpp", "skinny_launch.cu", "skinny_batch.cu", "skinny_ring.cu",
-                     "skinny_segment.cu", "skinny_stream.cu", "skinny_tile.cu"]
+                     "skinny_segment.cu", "skinny_stream.cu", "skinny_tile.cu", "skinny_wgmma.cu"]
     assert sorted(f.name for f in CSRC.glob("*.cu")) == sorted(names[1:])
     for f in skinny._sources():
         assert f.exists(), f

@@ -340,7 +340,7 @@ def boundary_cells():
         for layout in LAYOUTS:
             for kernel, engine in REQUESTS:
                 marks = [pytest.mark.sanitize]
-                if kernel.startswith(("segment", "stream", "tile")):
+                if kernel.startswith(("segment", "stream", "tile", "wgmma")):
                     marks.append(needs_mma)
                 yield pytest.param(b, layout, kernel, engine, marks=marks,
                                    id=f"N{b.n}-K{b.k}-G{b.g}-{layout}-{kernel}-{engine}")
@@ -356,7 +356,7 @@ def test_kernel_on_a_boundary_matches_the_oracle(boundary, layout, kernel, engin
     w, kw, x, bias, ref = boundary_problem(boundary.n, boundary.k, boundary.g, layout)
     dtype = LAYOUTS[layout][0]
     ms = [m for m in boundary.ms if m <= 4] if kernel.startswith("segment") else list(boundary.ms)
-    if kernel in ("auto", "tile") and engine == "auto" and not skinny.unfit(max(TILE_MS), boundary.k, torch.version.hip is not None):
+    if kernel in ("auto", "tile", "wgmma") and engine == "auto" and not skinny.unfit(max(TILE_MS), boundary.k, torch.version.hip is not None):
         ms += TILE_MS
     for m in ms or [1]:
         plan = skinny.plan(m, boundary.n, boundary.k, boundary.g, kw.zeros is None, engine=engine, kernel=kernel)

@@ -33,7 +33,7 @@ LIBRARY = "libskinny.so"
 def nvcc_command(nvcc: str, source: Path, obj: Path) -> list[str]:
     """The sm_90 object build of one translation unit, as an extension build compiles it, with
     ptxas's register and spill report."""
-    return [nvcc, "-std=c++17", "-O3", "-gencode", "arch=compute_90,code=sm_90", "-Xptxas", "-v",
+    return [nvcc, "-std=c++17", "-O3", "-gencode", "arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
             "-Xcompiler", "-fPIC", *TORCH_HALF_FLAGS, "-c", str(source), "-o", str(obj)]
 
 
@@ -67,6 +67,7 @@ HIP_UNIT = """\
 #include "skinny_segment.cu"
 #include "skinny_stream.cu"
 #include "skinny_tile.cu"
+#include "skinny_wgmma.cu"
 #if defined(__HIP_DEVICE_COMPILE__)
 #if defined(__gfx1030__)
 static_assert(W4_WARP_SIZE == 32, "compat.h warp size on gfx1030 (wave32)");
