@@ -525,8 +525,20 @@ void launch_kernel(Kernel kernel, int blocks, int shared_bytes, const SkinnyPara
 #endif
 }
 
+// launch_kernel with the plan's grid and dynamic shared memory, opted into beyond 48 KiB (per
+// device, so on every launch).
+template <typename Kernel>
+void launch_planned(Kernel kernel, const SkinnyPlan& plan, const SkinnyParams& p, stream_t stream) {
+#if !W4_EMU && !W4_HIP
+  if (plan.shared_bytes > 48 * 1024) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.shared_bytes);
+  }
+#endif
+  launch_kernel(kernel, plan.blocks, plan.shared_bytes, p, stream);
+}
+
 #if !W4_HIP
-// y = the fp32 partial sums [split][m][n] of a K-split kernel (stream, tile), added in split order,
+// y = the fp32 partial sums [split][m][n] of a K-split kernel (stream, tile, wgmma), added in split order,
 // + bias.
 template <typename T>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) reduce_partials_kernel(const SkinnyParams p) {
@@ -551,6 +563,18 @@ __device__ __forceinline__ void store_split_output(const SkinnyParams& p, int ks
   }
   if (p.bias != nullptr) v += bits_to_float<T>(load_bias(static_cast<const unsigned short*>(p.bias) + n));
   static_cast<T*>(p.y)[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
+}
+
+// A block's output tile from shared memory, red [m_tile][block_rows] fp32 (row-contiguous y or
+// partial sums), rows from n0 and columns from m0 cut at n and m.
+template <typename T>
+__device__ __forceinline__ void store_block_tile(const SkinnyParams& p, int ks, const float* red, int block_rows,
+                                                 int m_tile, int n0, int m0) {
+  const int rows = min(block_rows, p.n - n0), ms = min(m_tile, p.m - m0);
+  for (int idx = threadIdx.x; idx < rows * ms; idx += kBlockThreads) {
+    const int ml = idx / rows, r = idx - ml * rows;
+    store_split_output<T>(p, ks, m0 + ml, n0 + r, red[ml * block_rows + r]);
+  }
 }
 
 // The reduction of a K-split call's partial sums (nothing at split 1).

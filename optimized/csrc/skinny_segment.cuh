@@ -308,14 +308,7 @@ namespace detail {
 
 template <typename T, int M_PAD, int G, bool SYM, bool XS, bool PERSIST>
 void launch_segment_kernel(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream) {
-  const auto kernel = segment_kernel<T, M_PAD, G, SYM, XS, PERSIST>;
-#if !W4_EMU
-  // Above 48 KiB of dynamic shared memory a kernel must opt in (per device, so on every launch).
-  if (plan.shared_bytes > 48 * 1024) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.shared_bytes);
-  }
-#endif
-  launch_kernel(kernel, plan.blocks, plan.shared_bytes, p, stream);
+  launch_planned(segment_kernel<T, M_PAD, G, SYM, XS, PERSIST>, plan, p, stream);
 }
 
 template <typename T, int M_PAD, int G, bool SYM>

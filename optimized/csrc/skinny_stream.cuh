@@ -150,11 +150,7 @@ namespace detail {
 
 template <typename T, int M_TILE, int G, bool SYM, int S>
 void launch_stream_tile(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream) {
-  const auto kernel = stream_kernel<T, M_TILE, G, SYM, S>;
-#if !W4_EMU
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.shared_bytes);
-#endif
-  launch_kernel(kernel, plan.blocks, plan.shared_bytes, p, stream);
+  launch_planned(stream_kernel<T, M_TILE, G, SYM, S>, plan, p, stream);
   launch_reduce<T>(p, stream);
 }
 

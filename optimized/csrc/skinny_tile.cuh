@@ -159,11 +159,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) tile_kernel(const SkinnyParam
   float* red = reinterpret_cast<float*>(smem);
   detail::store_fragments(acc, red + WM * wm * kRows + 32 * wn, 1, kRows, quad, t);
   __syncthreads();
-  const int rows = min(kRows, p.n - n0), ms = min(M_TILE, p.m - m0);
-  for (int idx = threadIdx.x; idx < rows * ms; idx += kBlockThreads) {
-    const int ml = idx / rows, r = idx - ml * rows;
-    detail::store_split_output<T>(p, ks, m0 + ml, n0 + r, red[ml * kRows + r]);
-  }
+  detail::store_block_tile<T>(p, ks, red, kRows, M_TILE, n0, m0);
 }
 
 namespace detail {
@@ -174,12 +170,7 @@ void launch_tile(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream)
   with_group(p, [&](auto g, auto sym) {
     constexpr int G = decltype(g)::value;
     constexpr bool SYM = decltype(sym)::value;
-    auto run = [&](auto kernel) {
-#if !W4_EMU
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.shared_bytes);
-#endif
-      launch_kernel(kernel, plan.blocks, plan.shared_bytes, p, stream);
-    };
+    auto run = [&](auto kernel) { launch_planned(kernel, plan, p, stream); };
     switch (tile_m(p.m)) {
       case 16: run(tile_kernel<T, 16, G, SYM>); break;
       case 32: run(tile_kernel<T, 32, G, SYM>); break;

@@ -324,11 +324,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyPara
         red[(8 * i + 2 * t + c % 2) * kRows + 64 * wg + 16 * warp + quad + 8 * (c / 2)] = acc[4 * i + c];
   }
   __syncthreads();
-  const int rows = min(kRows, p.n - n0), ms = min(M_TILE, p.m - m0);
-  for (int idx = threadIdx.x; idx < rows * ms; idx += kBlockThreads) {
-    const int ml = idx / rows, rr = idx - ml * rows;
-    detail::store_split_output<T>(p, ks, m0 + ml, n0 + rr, red[ml * kRows + rr]);
-  }
+  detail::store_block_tile<T>(p, ks, red, kRows, M_TILE, n0, m0);
 #endif
 }
 
@@ -340,12 +336,7 @@ void launch_wgmma(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream
   with_group(p, [&](auto g, auto sym) {
     constexpr int G = decltype(g)::value;
     constexpr bool SYM = decltype(sym)::value;
-    auto run = [&](auto kernel) {
-#if !W4_EMU
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.shared_bytes);
-#endif
-      launch_kernel(kernel, plan.blocks, plan.shared_bytes, p, stream);
-    };
+    auto run = [&](auto kernel) { launch_planned(kernel, plan, p, stream); };
     switch (wgmma_m(p.m)) {
       case 64: run(wgmma_kernel<T, 64, G, SYM>); break;
       default: run(wgmma_kernel<T, 128, G, SYM>);
