@@ -28,6 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from optimized import skinny
 from optimized.contract import ContractError
 from tests.support import skinny_sass
+from tests.support.sass import loop_opcodes
 from tests.support.skinny_emulator import (
     EMULATED_DEVICE,
     EmulatedPlanError,
@@ -61,16 +62,17 @@ def sm90() -> Path:
 
 def test_nvcc_sm90_units_link_and_register_kernels_do_not_spill(sm90):
     """The launch and family units link into one library with nothing undefined (built with
-    --no-undefined), every kernel family is compiled, and no ring or segmented kernel has a stack
-    frame or spills."""
+    --no-undefined), every kernel family is compiled, and no ring, segmented or wgmma kernel has a
+    stack frame or spills."""
     assert (sm90 / skinny_sass.LIBRARY).exists()
     report = {}
     for unit in skinny_sass.UNITS:
         report.update(skinny_sass.ptxas_report((sm90 / f"{unit.stem}.log").read_text()))
-    for name in ("batch_kernel", "ring_kernel", "segment_kernel", "stream_kernel", "tile_kernel",
+    for name in ("batch_kernel", "ring_kernel", "segment_kernel", "stream_kernel", "tile_kernel", "wgmma_kernel",
                  "reduce_partials_kernel"):
         assert any(f"{len(name)}{name}I" in mangled for mangled in report), f"no {name} was compiled"
-    register = {name: r for name, r in report.items() if "11ring_kernel" in name or "14segment_kernel" in name}
+    register = {name: r for name, r in report.items()
+                if "11ring_kernel" in name or "14segment_kernel" in name or "12wgmma_kernel" in name}
     spilling = {name: r for name, r in register.items() if r[1:] != (0, 0, 0)}
     assert not spilling, f"register kernels with a stack frame or spills (regs, stack, st, ld): {spilling}"
 
@@ -95,6 +97,20 @@ def test_segment_loop_instruction_budget(sm90):
     assert costs["segment_smem"]["per_weight"] <= 2.8, costs["segment_smem"]
     extra = costs["segment_persistent"]["loop_instructions"] - costs["segment_smem"]["loop_instructions"]
     assert 0 < extra <= 3 * 250, (extra, costs)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_wgmma_loop_issues_warpgroup_mma_within_budget(sm90, dtype):
+    """The sm_90a build gives the wgmma kernel its body (an sm_90 build compiles it empty, and the
+    plan would still run it): each M tile's main loop (zero points, G = 128) issues one HGMMA per
+    16 k of a 128-k piece, and spends at most 6 instructions a dequantized weight a thread (5.5 as
+    built: one byte permute, LOP3, subtract and scale a pair, the copies and two barriers)."""
+    obj = sm90 / "skinny_wgmma.o"
+    for kernel in (k for k in skinny_sass.kernels() if k.name == "wgmma_kernel"):
+        ops = loop_opcodes(skinny_sass.function_sass(obj, kernel.mangled(dtype, 128, False)))
+        hgmma = sum(n for op, n in ops.items() if op.startswith("HGMMA"))
+        cost = skinny_sass.loop_cost(kernel, obj, dtype, 128, False)
+        assert hgmma == 8 and cost["per_weight"] <= 6.0, (kernel.label, hgmma, cost)
 
 
 @pytest.mark.parametrize("unit", [u.stem for u in skinny_sass.UNITS if u.stem != "skinny_launch"])

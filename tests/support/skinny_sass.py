@@ -160,8 +160,8 @@ class Kernel:
 def kernels() -> list[Kernel]:
     """The mma-engine kernels the default plan runs, with their loops' trip sizes: the segmented
     kernels' ring of 3 iterations x kSegRowSets rows, the ring's kRingStages x kLaneRows, the batch
-    kernel's 4 unrolled iterations x kLaneRows, the stream and tile kernels' one piece of 4 rows; each
-    row a 32-k chunk."""
+    kernel's 4 unrolled iterations x kLaneRows, the stream and tile kernels' one piece of 4 rows, the
+    wgmma kernel's one piece of 2 chunks of one row; each chunk 32 k."""
     lane_k, lane_rows, seg_rows, ring_stages = map(plan_constant, ("kLaneK", "kLaneRows", "kSegRowSets", "kRingStages"))
     seg = 3 * seg_rows * lane_k
     ring = ring_stages * lane_rows * lane_k
@@ -178,6 +178,9 @@ def kernels() -> list[Kernel]:
     def tile(label: str, m_tile: int) -> Kernel:
         return Kernel(label, "skinny_tile", "tile_kernel", f"Li{m_tile}ELi{{g}}ELb{{sym}}E", 4 * lane_k)
 
+    def wgmma(label: str, m_tile: int) -> Kernel:  # a thread dequantizes 64 k of one row a piece
+        return Kernel(label, "skinny_wgmma", "wgmma_kernel", f"Li{m_tile}ELi{{g}}ELb{{sym}}E", 2 * lane_k)
+
     return [
         segment("segment_smem, M = 1", 1, 1, 0),
         segment("segment_smem, M = 2", 2, 1, 0),
@@ -190,8 +193,10 @@ def kernels() -> list[Kernel]:
         stream("stream, M = 9..16", 16, 4),
         stream("stream, M = 9..16, 2-slot ring", 16, 2),
         tile("tile, M = 17..32", 32),
-        tile("tile, M = 33..64", 64),
-        tile("tile, M = 65 on (M tiles of 128)", 128),
+        tile("tile, M = 33..64 off compute capability 9.0", 64),
+        tile("tile, M = 65 on (M tiles of 128) off compute capability 9.0", 128),
+        wgmma("wgmma, M = 33..64 on compute capability 9.0", 64),
+        wgmma("wgmma, M = 65 on (M tiles of 128) on compute capability 9.0", 128),
     ]
 
 
