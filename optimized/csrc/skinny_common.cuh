@@ -565,6 +565,21 @@ __device__ __forceinline__ void store_split_output(const SkinnyParams& p, int ks
   static_cast<T*>(p.y)[static_cast<int64_t>(m) * p.n + n] = from_float<T>(v);
 }
 
+// Where a tile or wgmma block works: blockIdx.x is (split index ks, row block, M tile), the M
+// tiles of a row block side by side so that its weights stay in L2; its rows start at n0, its x
+// rows at m0, and it adds pieces [pb0, pb0 + count) of the K / kStreamPieceK pieces.
+struct TileBlock {
+  int n0, m0, ks, pb0, count;
+};
+
+__device__ __forceinline__ TileBlock tile_block(const SkinnyParams& p, int rows, int m_tile) {
+  const int row_blocks = (p.n + rows - 1) / rows, m_blocks = (p.m + m_tile - 1) / m_tile;
+  const int mb = blockIdx.x % m_blocks, nb = blockIdx.x / m_blocks % row_blocks;
+  const int ks = blockIdx.x / m_blocks / row_blocks, total = p.k / kStreamPieceK;
+  const int pb0 = static_cast<int>(static_cast<int64_t>(ks) * total / p.split);
+  return {nb * rows, mb * m_tile, ks, pb0, static_cast<int>(static_cast<int64_t>(ks + 1) * total / p.split) - pb0};
+}
+
 // A block's output tile from shared memory, red [m_tile][block_rows] fp32 (row-contiguous y or
 // partial sums), rows from n0 and columns from m0 cut at n and m.
 template <typename T>

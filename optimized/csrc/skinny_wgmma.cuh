@@ -187,13 +187,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyPara
   uint4* operands = smem + S * kStageUnits;
 
   const int wg = threadIdx.x / 128;
-  const int row_blocks = (p.n + kRows - 1) / kRows, m_blocks = (p.m + M_TILE - 1) / M_TILE;
-  const int mb = blockIdx.x % m_blocks;  // the M tiles of a row block run side by side: its weights stay in L2
-  const int nb = blockIdx.x / m_blocks % row_blocks, ks = blockIdx.x / m_blocks / row_blocks;
-  const int n0 = nb * kRows, m0 = mb * M_TILE;
-  const int total = p.k / kStreamPieceK;
-  const int pb0 = static_cast<int>(static_cast<int64_t>(ks) * total / p.split);
-  const int count = static_cast<int>(static_cast<int64_t>(ks + 1) * total / p.split) - pb0;
+  const detail::TileBlock block = detail::tile_block(p, kRows, M_TILE);
+  const int n0 = block.n0, m0 = block.m0, ks = block.ks, pb0 = block.pb0, count = block.count;
   const int groups = p.k / G, kc = p.k / kLaneK;
   pdl_trigger();
 
