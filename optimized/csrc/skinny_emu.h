@@ -329,6 +329,35 @@ inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
   for (int i = 0; i < 4; ++i) c[i] = w.d[lane][i];
 }
 
+inline uint32_t shared_offset(const void* p) {
+  return static_cast<uint32_t>(static_cast<const char*>(p) - dynamic_shared<char>());
+}
+
+// wgmma.mma_async m64nNk16, f32 accumulate, both operands K-major with the 128-byte swizzle in
+// shared memory (descriptor: address / 16 in bits 0..13, 8-row groups 1024 bytes apart), for one
+// thread: its warp's 16 rows of the warpgroup's 64 (the mma C fragment map per 8 columns), each
+// output the 16 products summed in k order in double, plus the accumulator, rounded once to fp32.
+// Synchronous: the kernel's waits have nothing left to wait for.
+inline void wgmma(float* d, int n, uint64_t a, uint64_t b, bool bf16) {
+  const double* value = value_table(bf16);
+  const auto* base = dynamic_shared<unsigned char>();
+  auto element = [&](uint64_t desc, int row, int k) {
+    uint32_t at = static_cast<uint32_t>(desc & 0x3FFFu) * 16 + (row / 8) * 1024 + (row % 8) * 128 + 2 * k;
+    at ^= ((at >> 7) & 7u) << 4;  // the swizzle: 16-byte chunk ^= row % 8 (address bits 7..9)
+    return value[base[at] | (base[at + 1] << 8)];
+  };
+  const int tid = static_cast<int>(current->tid);
+  const int warp = tid % 128 / 32, quad = tid % 32 / 4, t = tid % 4;
+  for (int i = 0; i < n / 8; ++i) {
+    for (int c = 0; c < 4; ++c) {
+      const int row = 16 * warp + quad + 8 * (c / 2), col = 8 * i + 2 * t + c % 2;
+      double s = 0.0;
+      for (int k = 0; k < 16; ++k) s += element(a, row, k) * element(b, col, k);
+      d[4 * i + c] = static_cast<float>(s + static_cast<double>(d[4 * i + c]));
+    }
+  }
+}
+
 inline void syncthreads() { arrive_and_wait(launch_state->block_sync); }
 inline void syncwarp() { arrive_and_wait(my_warp().sync); }
 

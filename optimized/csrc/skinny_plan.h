@@ -295,6 +295,14 @@ W4_HD constexpr int wgmma_shared_bytes(int m_tile) {
          2 * kWgmmaRows * kStreamPieceK * 2;
 }
 
+// The M tile and rows of N of a tile or wgmma kernel's block for a call of m rows.
+struct BlockTile {
+  int m_tile, rows;
+};
+W4_HD constexpr BlockTile block_tile(int kernel, int m) {
+  return kernel == kWgmma ? BlockTile{wgmma_m(m), kWgmmaRows} : BlockTile{tile_m(m), tile_block_rows(tile_m(m))};
+}
+
 struct StreamLayout {
   int stages;                  // ring slots per warp
   int warps_n, warps_k, rows;  // rows = 32 warps_n
@@ -330,12 +338,13 @@ W4_HD inline StreamLayout stream_layout(int m, int k, int group_size, bool sym, 
 
 namespace plan_detail {
 
-// The default kernel for an M on weights [n, k]: the persistent segmented kernel up to kSegMaxM
-// (plan_call settles it where it cannot run), above it the stream kernel from a K or a weight
-// size on (it splits a long K over blocks, which a few rows of long K need to fill the GPU), else
-// the ring up to ring_max_m and the batch kernel above.
-inline int default_kernel(int m, int n, int k, const SkinnyPolicy& policy) {
-  if (m > kMaxM) return kTile;
+// The default kernel for an M on weights [n, k]: above kMaxM the wgmma kernel from kWgmmaMinM where
+// it runs, else the tile kernel; the persistent segmented kernel up to kSegMaxM (plan_call settles
+// it where it cannot run), above it the stream kernel from a K or a weight size on (it splits a long
+// K over blocks, which a few rows of long K need to fill the GPU), else the ring up to ring_max_m
+// and the batch kernel above.
+inline int default_kernel(int m, int n, int k, const SkinnyPolicy& policy, bool wgmma_runs) {
+  if (m > kMaxM) return wgmma_runs && m >= kWgmmaMinM ? kWgmma : kTile;
   if (m <= kSegMaxM) return kSegmentPersistent;
   const bool ring = m <= policy.ring_max_m;
   const int64_t stream_from = ring ? policy.stream_min_weight_bytes_ring : policy.stream_min_weight_bytes_batch;
@@ -481,11 +490,9 @@ inline int stream_split(int n, int m_call, int k, int group_size, bool sym, cons
 // and read, at 3 TB/s) and the reduce kernel's launch (2 us). Every block keeps a piece. A larger
 // split must win by 2%. Planned for whole M tiles, so that the M of a tile count share it.
 inline int tile_split(int n, int m_call, int k, const DeviceLimits& d, int kernel) {
-  const bool wg = kernel == kWgmma;
-  const int m_tile = wg ? wgmma_m(m_call) : tile_m(m_call);
+  const auto [m_tile, rows] = block_tile(kernel, m_call);
   const int64_t m_blocks = (m_call + m_tile - 1) / m_tile;
-  const int rows = wg ? kWgmmaRows : tile_block_rows(m_tile);
-  const double flops_per_us = wg ? 6.0e8 : 4.0e8;
+  const double flops_per_us = kernel == kWgmma ? 6.0e8 : 4.0e8;
   const int total = k / kStreamPieceK;
   const int64_t tiles = (n + rows - 1) / rows * m_blocks;
   const int64_t slots = d.num_sms;  // one block an SM: its registers (launch bounds) allow no more
@@ -634,13 +641,12 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
   // kernels of at most kSegMaxM rows, the stream kernel an mma kernel of whole 128-k pieces; in
   // their place the ring runs (the batch kernel for the stream kernel above ring_max_m).
   const int m = r.m, n = r.n, k = r.k;
-  // Above kMaxM: the warpgroup kernel where it runs (compute capability 9.0) from kWgmmaMinM, else
-  // the tile kernel.
+  // Above kMaxM only the tile and wgmma kernels run: a request for another gets the default.
   const bool wgmma_runs = mma && k % kStreamPieceK == 0 && d.compute_capability == 90;
-  int kernel = asked < 0 || (m > kMaxM && asked != kWgmma) ? default_kernel(m, n, k, policy) : asked;
-  if (kernel == kTile && asked != kTile && wgmma_runs && m >= kWgmmaMinM) kernel = kWgmma;
+  const bool any_m = asked == kTile || asked == kWgmma;
+  int kernel = asked < 0 || (m > kMaxM && !any_m) ? default_kernel(m, n, k, policy, wgmma_runs) : asked;
   if (kernel == kWgmma && (!wgmma_runs || m <= kMaxM)) {
-    kernel = m > kMaxM ? kTile : default_kernel(m, n, k, policy);  // settled below like those
+    kernel = m > kMaxM ? kTile : default_kernel(m, n, k, policy, false);  // settled below like those
   }
   if (kernel == kTile && (!mma || k % kStreamPieceK != 0)) {
     if (m > kMaxM) {
@@ -712,33 +718,22 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
       plan.workspace_floats = plan.split > 1 ? static_cast<int64_t>(plan.split) * m * n : 0;
       break;
     }
-    case kTile: {
-      const int m_tile = tile_m(m);
-      plan.shared_bytes = tile_shared_bytes(m_tile);
-      if (plan.shared_bytes > d.max_shared) {
-        return fail("the tile kernel at M=" + num(m) + " needs " + num(plan.shared_bytes) + " bytes of shared "
-                    "memory a block, the device allows " + num(d.max_shared));
-      }
-      const int rows = tile_block_rows(m_tile);
-      const int64_t blocks = static_cast<int64_t>((n + rows - 1) / rows) * ((m + m_tile - 1) / m_tile) * plan.split;
-      if (blocks > INT32_MAX) return fail("the tile kernel's grid of " + num(blocks) + " blocks is over 2^31 - 1");
-      plan.blocks = static_cast<int>(blocks);
-      plan.stages = kTileStages;
-      plan.workspace_floats = plan.split > 1 ? static_cast<int64_t>(plan.split) * m * n : 0;
-      break;
-    }
+    case kTile:
     case kWgmma: {
-      const int m_tile = wgmma_m(m);
-      plan.shared_bytes = wgmma_shared_bytes(m_tile);
+      const auto [m_tile, rows] = block_tile(kernel, m);
+      const bool wg = kernel == kWgmma;
+      plan.shared_bytes = wg ? wgmma_shared_bytes(m_tile) : tile_shared_bytes(m_tile);
       if (plan.shared_bytes > d.max_shared) {
-        return fail("the wgmma kernel at M=" + num(m) + " needs " + num(plan.shared_bytes) + " bytes of shared "
-                    "memory a block, the device allows " + num(d.max_shared));
+        return fail(std::string("the ") + kKernelNames[kernel] + " kernel at M=" + num(m) + " needs " +
+                    num(plan.shared_bytes) + " bytes of shared memory a block, the device allows " + num(d.max_shared));
       }
-      const int64_t blocks =
-          static_cast<int64_t>((n + kWgmmaRows - 1) / kWgmmaRows) * ((m + m_tile - 1) / m_tile) * plan.split;
-      if (blocks > INT32_MAX) return fail("the wgmma kernel's grid of " + num(blocks) + " blocks is over 2^31 - 1");
+      const int64_t blocks = static_cast<int64_t>((n + rows - 1) / rows) * ((m + m_tile - 1) / m_tile) * plan.split;
+      if (blocks > INT32_MAX) {
+        return fail(std::string("the ") + kKernelNames[kernel] + " kernel's grid of " + num(blocks) +
+                    " blocks is over 2^31 - 1");
+      }
       plan.blocks = static_cast<int>(blocks);
-      plan.stages = wgmma_stages(m_tile);
+      plan.stages = wg ? wgmma_stages(m_tile) : kTileStages;
       plan.workspace_floats = plan.split > 1 ? static_cast<int64_t>(plan.split) * m * n : 0;
       break;
     }

@@ -33,7 +33,7 @@ namespace detail {
 // block's dynamic shared memory, which starts 1024-byte aligned on the GPU too).
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
 #if W4_EMU
-  return static_cast<uint32_t>(static_cast<const char*>(p) - ::w4emu::dynamic_shared<char>());
+  return ::w4emu::shared_offset(p);
 #else
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 #endif
@@ -91,31 +91,14 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[R]) {
 #endif
 }
 
-#if W4_EMU
-// One thread's share of m64nNk16 (its warp's 16 rows): the 16 products in k order in double plus
-// the accumulator, rounded once to fp32, from the operands the descriptors point at.
-template <typename T, int N>
-inline void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b) {
-  const double* value = ::w4emu::value_table(std::is_same_v<T, bf16_t>);
-  const auto* base = ::w4emu::dynamic_shared<unsigned char>();
-  auto element = [&](uint64_t desc, int row, int k) {
-    uint32_t at = static_cast<uint32_t>(desc & 0x3FFFu) * 16 + (row / 8) * 1024 + (row % 8) * 128 + 2 * k;
-    at ^= ((at >> 7) & 7u) << 4;
-    return value[base[at] | (base[at + 1] << 8)];
-  };
-  const int warp = threadIdx.x % 128 / 32, quad = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  for (int i = 0; i < N / 8; ++i) {
-    for (int c = 0; c < 4; ++c) {
-      const int row = 16 * warp + quad + 8 * (c / 2), col = 8 * i + 2 * t + c % 2;
-      double s = 0.0;
-      for (int k = 0; k < 16; ++k) s += element(a, row, k) * element(b, col, k);
-      d[4 * i + c] = static_cast<float>(s + static_cast<double>(d[4 * i + c]));
-    }
-  }
-}
-#else
 // D (64 x N, fp32, the C fragments of mma.sync per 8 columns, warp w of the warpgroup holding rows
 // 16 w ..) += A (64 x 16) B (16 x N), both K-major in shared memory.
+#if W4_EMU
+template <typename T, int N>
+inline void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b) {
+  ::w4emu::wgmma(d, N, a, b, std::is_same_v<T, bf16_t>);
+}
+#else
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b);
 
