@@ -333,29 +333,39 @@ inline uint32_t shared_offset(const void* p) {
   return static_cast<uint32_t>(static_cast<const char*>(p) - dynamic_shared<char>());
 }
 
-// wgmma.mma_async m64nNk16, f32 accumulate, both operands K-major with the 128-byte swizzle in
-// shared memory (descriptor: address / 16 in bits 0..13, 8-row groups 1024 bytes apart), for one
-// thread: its warp's 16 rows of the warpgroup's 64 (the mma C fragment map per 8 columns), each
-// output the 16 products summed in k order in double, plus the accumulator, rounded once to fp32.
-// Synchronous: the kernel's waits have nothing left to wait for.
-inline void wgmma(float* d, int n, uint64_t a, uint64_t b, bool bf16) {
+// wgmma.mma_async m64nNk16, f32 accumulate, A from registers (each warp's 16 rows of the 64 in
+// the m16n8k16 A fragment map) and B K-major with the 128-byte swizzle in shared memory
+// (descriptor: address / 16 in bits 0..13, 8-row groups 1024 bytes apart), for one thread: its
+// warp's rows quad, quad + 8 (the mma C fragment map per 8 columns), each output the 16 products
+// summed in k order in double, plus the accumulator, rounded once to fp32. The warp meets twice:
+// once its A fragments are in, and before any lane may replace them. Synchronous: the kernel's
+// waits have nothing left to wait for.
+inline void wgmma_rs(float* d, int n, const uint32_t (&a)[4], uint64_t b, bool bf16) {
+  Warp& w = my_warp();
+  const unsigned lane = current->tid % 32;
+  for (int i = 0; i < 4; ++i) w.a[lane][i] = a[i];
+  arrive_and_wait(w.sync);
   const double* value = value_table(bf16);
   const auto* base = dynamic_shared<unsigned char>();
-  auto element = [&](uint64_t desc, int row, int k) {
-    uint32_t at = static_cast<uint32_t>(desc & 0x3FFFu) * 16 + (row / 8) * 1024 + (row % 8) * 128 + 2 * k;
+  auto b_element = [&](int col, int k) {
+    uint32_t at = static_cast<uint32_t>(b & 0x3FFFu) * 16 + (col / 8) * 1024 + (col % 8) * 128 + 2 * k;
     at ^= ((at >> 7) & 7u) << 4;  // the swizzle: 16-byte chunk ^= row % 8 (address bits 7..9)
     return value[base[at] | (base[at + 1] << 8)];
   };
-  const int tid = static_cast<int>(current->tid);
-  const int warp = tid % 128 / 32, quad = tid % 32 / 4, t = tid % 4;
+  auto a_element = [&](int row, int k) {  // lane (row % 8, (k % 8) / 2) of the warp
+    const uint32_t reg = w.a[4 * (row % 8) + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
+    return value[(reg >> (16 * (k % 2))) & 0xFFFFu];
+  };
+  const int quad = static_cast<int>(lane) / 4, t = static_cast<int>(lane) % 4;
   for (int i = 0; i < n / 8; ++i) {
     for (int c = 0; c < 4; ++c) {
-      const int row = 16 * warp + quad + 8 * (c / 2), col = 8 * i + 2 * t + c % 2;
-      double s = 0.0;
-      for (int k = 0; k < 16; ++k) s += element(a, row, k) * element(b, col, k);
-      d[4 * i + c] = static_cast<float>(s + static_cast<double>(d[4 * i + c]));
+      const int row = quad + 8 * (c / 2), col = 8 * i + 2 * t + c % 2;
+      double sum = 0.0;
+      for (int k = 0; k < 16; ++k) sum += a_element(row, k) * b_element(col, k);
+      d[4 * i + c] = static_cast<float>(sum + static_cast<double>(d[4 * i + c]));
     }
   }
+  arrive_and_wait(w.sync);
 }
 
 inline void syncthreads() { arrive_and_wait(launch_state->block_sync); }

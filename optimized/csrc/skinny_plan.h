@@ -285,15 +285,12 @@ W4_HD constexpr int tile_shared_bytes(int m_tile) {
 
 // The warpgroup kernel's smallest default M (on an H100 the tile kernel was faster at M = 32 on 3 of
 // the 4 Llama-3.1-8B shapes, the warpgroup kernel from M = 64 on 3 of 4 and at M = 128 and 256 on
-// all), its M tile (the wgmma N), its stages (as many as fit beside the two dequantized operands of
-// 128 rows x 128 k) and its dynamic shared memory.
+// all), its M tile (the wgmma N), its stages (as many as fit in 227 KiB) and its dynamic shared memory.
 constexpr int kWgmmaMinM = 33;
 W4_HD constexpr int wgmma_m(int m) { return m <= 64 ? 64 : 128; }
-W4_HD constexpr int wgmma_stages(int m_tile) { return m_tile <= 64 ? 6 : 4; }
-W4_HD constexpr int wgmma_shared_bytes(int m_tile) {
-  return wgmma_stages(m_tile) * (kWgmmaRows * kStreamPieceK / 2 + m_tile * kStreamPieceK * 2) +
-         2 * kWgmmaRows * kStreamPieceK * 2;
-}
+W4_HD constexpr int wgmma_stage_bytes(int m_tile) { return kWgmmaRows * kStreamPieceK / 2 + m_tile * kStreamPieceK * 2; }
+W4_HD constexpr int wgmma_stages(int m_tile) { return 227 * 1024 / wgmma_stage_bytes(m_tile); }
+W4_HD constexpr int wgmma_shared_bytes(int m_tile) { return wgmma_stages(m_tile) * wgmma_stage_bytes(m_tile); }
 
 // The M tile and rows of N of a tile or wgmma kernel's block for a call of m rows.
 struct BlockTile {

@@ -1,25 +1,26 @@
 // The warpgroup kernel (Kernel kWgmma; CUDA compute capability 9.0, K % kStreamPieceK == 0, any
-// M): the tile kernel's output tiles and K split on Hopper's asynchronous warpgroup MMA, whose
-// operands the tensor cores read from shared memory, so no warp loads or permutes x.
+// M): the tile kernel's output tiles and K split on Hopper's asynchronous warpgroup MMA, with the
+// dequantized weights as its register operand A and x as its shared-memory operand B.
 //
 // Block: kWgmmaRows rows of N (two warpgroups of 64) times M_TILE rows of x, over the K range of
 // its split index as in the tile kernel. Per 128-k piece:
 //  1. packed weights and x arrive in one of wgmma_stages(M_TILE) shared-memory stages by cp.async;
-//  2. each thread dequantizes 64 k of one of its warpgroup's rows, (q - z) * s rounded once to T,
-//     into that piece's half of a double-buffered [rows][128 k] operand (the canonical weight's
-//     k order, so no x permute is needed);
-//  3. each warpgroup issues 8 wgmma m64nM_TILEk16 steps (A: its 64 rows of that operand, B: x)
-//     and leaves them running while the block goes on to the next piece.
-// Both operands are K-major with the 128-byte swizzle: 16-byte chunk c (of 8) of row r of a 64-k
-// half is stored at chunk c ^ (r % 8), which also keeps the dequantized stores free of bank
-// conflicts. Packed weights are staged [rows][4 units] with unit u of row r at u ^ ((r / 2) % 4),
-// so that 8 consecutive rows' loads of one unit hit 8 distinct 16-byte bank groups.
+//  2. each thread loads its two A rows (quad and quad + 8 of its warp's 16) whole, and dequantizes
+//     byte t (lane = 4 quad + t) of every word, (q - z) * s rounded once to T: that byte holds k
+//     8c + 2t and 8c + 2t + 1 of word c, the A fragment's k (2t, 2t + 1) of step c / 2 (c even)
+//     or (2t + 8, 2t + 9) (c odd), so x keeps its k order;
+//  3. each warpgroup issues 8 wgmma m64nM_TILEk16 steps from those registers, and dequantizes the
+//     next piece into a second register set while they run.
+// x is K-major with the 128-byte swizzle: 16-byte chunk c (of 8) of row m of a 64-k half is stored
+// at chunk c ^ (m % 8). Packed weights are staged [rows][4 units] with unit u of row r at
+// u ^ ((r / 2) % 4), so that 8 consecutive rows' loads of one unit hit 8 distinct 16-byte bank
+// groups.
 //
 // Order: a piece's copies are waited for by each thread, fenced to the asynchronous proxy and met
-// at a block barrier; its dequantized operand is fenced and met at a second barrier before the
-// wgmma. A stage is refilled two pieces after it was consumed: by then every thread has waited for
-// its warpgroup's wgmma of that piece (wait_group 1 after each issue). Outputs go through shared
-// memory to the tile kernel's row-contiguous store; K-split partial sums are added in ks order.
+// at a block barrier. A stage is refilled two pieces after it was consumed: by then every thread
+// has waited for its warpgroup's wgmma of that piece (wait_group 1 after each issue), which also
+// frees that piece's registers. Outputs go through shared memory to the tile kernel's
+// row-contiguous store; K-split partial sums are added in ks order.
 #pragma once
 
 #include "skinny_common.cuh"
@@ -39,7 +40,7 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 #endif
 }
 
-// A K-major operand of 128-byte swizzled rows starting at `p` (1024-byte aligned but for the
+// x as a K-major operand of 128-byte swizzled rows starting at `p` (1024-byte aligned but for the
 // 32-byte step of a k16 within the row): 8-row core groups 1024 bytes apart (stride byte offset),
 // leading byte offset unused under the swizzle.
 __device__ __forceinline__ uint64_t wgmma_descriptor(const void* p) {
@@ -92,15 +93,16 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[R]) {
 }
 
 // D (64 x N, fp32, the C fragments of mma.sync per 8 columns, warp w of the warpgroup holding rows
-// 16 w ..) += A (64 x 16) B (16 x N), both K-major in shared memory.
+// 16 w ..) += A (64 x 16: the A fragment of mma.sync m16n8k16 per warp, in registers) B (16 x N,
+// K-major in shared memory).
 #if W4_EMU
 template <typename T, int N>
-inline void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b) {
-  ::w4emu::wgmma(d, N, a, b, std::is_same_v<T, bf16_t>);
+inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
+  ::w4emu::wgmma_rs(d, N, a, b, std::is_same_v<T, bf16_t>);
 }
 #else
 template <typename T, int N>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b);
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b);
 
 #define W4_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
     "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -110,45 +112,43 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define W4_WGMMA(T, PTX, N, REGS, A, B, S, ...)                                                            \
   template <>                                                                                              \
-  __device__ __forceinline__ void wgmma_ss<T, N>(float (&d)[N / 2], uint64_t a, uint64_t b) {              \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N          \
-                 "k16.f32." PTX "." PTX " {" REGS "}, " A ", " B ", p, 1, 1, 0, 0;\n}\n"                   \
+  __device__ __forceinline__ void wgmma_rs<T, N>(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N         \
+                 "k16.f32." PTX "." PTX " {" REGS "}, {" A "}, " B ", p, 1, 1, 0;\n}\n"                      \
                  : __VA_ARGS__                                                                             \
-                 : "l"(a), "l"(b), "r"(1));                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                            \
   }
-W4_WGMMA(half_t, "f16", 64, W4_R32, "%32", "%33", "%34", W4_D8(0), W4_D8(8), W4_D8(16), W4_D8(24))
-W4_WGMMA(bf16_t, "bf16", 64, W4_R32, "%32", "%33", "%34", W4_D8(0), W4_D8(8), W4_D8(16), W4_D8(24))
-W4_WGMMA(half_t, "f16", 128, W4_R64, "%64", "%65", "%66", W4_D8(0), W4_D8(8), W4_D8(16), W4_D8(24), W4_D8(32),
-         W4_D8(40), W4_D8(48), W4_D8(56))
-W4_WGMMA(bf16_t, "bf16", 128, W4_R64, "%64", "%65", "%66", W4_D8(0), W4_D8(8), W4_D8(16), W4_D8(24), W4_D8(32),
-         W4_D8(40), W4_D8(48), W4_D8(56))
+W4_WGMMA(half_t, "f16", 64, W4_R32, "%32, %33, %34, %35", "%36", "%37", W4_D8(0), W4_D8(8), W4_D8(16), W4_D8(24))
+W4_WGMMA(bf16_t, "bf16", 64, W4_R32, "%32, %33, %34, %35", "%36", "%37", W4_D8(0), W4_D8(8), W4_D8(16), W4_D8(24))
+W4_WGMMA(half_t, "f16", 128, W4_R64, "%64, %65, %66, %67", "%68", "%69", W4_D8(0), W4_D8(8), W4_D8(16), W4_D8(24),
+         W4_D8(32), W4_D8(40), W4_D8(48), W4_D8(56))
+W4_WGMMA(bf16_t, "bf16", 128, W4_R64, "%64, %65, %66, %67", "%68", "%69", W4_D8(0), W4_D8(8), W4_D8(16), W4_D8(24),
+         W4_D8(32), W4_D8(40), W4_D8(48), W4_D8(56))
 #undef W4_WGMMA
 #undef W4_R64
 #undef W4_R32
 #undef W4_D8
 #endif
 
-// (q - z) * s of one word's 8 nibbles in k order, as 4 pairs of T (one rounding each): byte p
-// of w holds q_2p and q_2p+1 in its nibbles, byte p of w >> 4 holds q_2p+1 low, so one byte
-// permute places the pair in the two halves' low nibbles for the magic-number conversion.
+// (q - z) * s of nibbles 2t and 2t + 1 of w (byte t) as a pair of T, one rounding each: byte t of
+// w and byte t of w >> 4 are permuted into the two halves' low bytes for the magic-number
+// conversion (`select` = 0x4400 + 0x1111 t; `neg_magic_z` = -(magic + z) in both halves).
 template <typename T>
-__device__ __forceinline__ uint4 ordered_weights(uint32_t w, uint32_t z, uint32_t s2) {
+__device__ __forceinline__ uint32_t fragment_pair(uint32_t w, uint32_t select, uint32_t neg_magic_z, uint32_t s2) {
   constexpr uint32_t kMagic = std::is_same_v<T, bf16_t> ? 0x43004300u : 0x64006400u;  // 128 or 1024
   constexpr uint32_t kOne = std::is_same_v<T, bf16_t> ? 0x3F803F80u : 0x3C003C00u;
   constexpr uint32_t kNegZero = 0x80008000u;
-  const uint32_t neg_magic_z = splat((std::is_same_v<T, bf16_t> ? 0xC300u : 0xE400u) | z);  // -(magic + z)
-  const uint32_t w4 = w >> 4;
-  uint32_t out[4];
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    const uint32_t pair = and_or(__byte_perm(w, w4, 0x4400u + 0x1111u * p), 0x000F000Fu, kMagic);
-    out[p] = fma2<T>(fma2<T>(pair, kOne, neg_magic_z), s2, kNegZero);
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
+  const uint32_t pair = and_or(__byte_perm(w, w >> 4, select), 0x000F000Fu, kMagic);
+  return fma2<T>(fma2<T>(pair, kOne, neg_magic_z), s2, kNegZero);
+}
+
+// -(magic + z) in both halves of a pair of T.
+template <typename T>
+__device__ __forceinline__ uint32_t neg_magic(uint32_t z) {
+  return splat((std::is_same_v<T, bf16_t> ? 0xC300u : 0xE400u) | z);
 }
 
 }  // namespace detail
-
 template <typename T, int M_TILE, int G, bool SYM>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyParams p) {
 #if W4_EMU || defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -157,19 +157,17 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyPara
   constexpr int kWeightUnits = kRows * kStreamPieceK / kLaneK;  // [rows][4 units]
   constexpr int kXUnits = M_TILE * kStreamPieceK / 8;          // 2 halves x [M_TILE][8 units]
   constexpr int kStageUnits = kWeightUnits + kXUnits;
-  constexpr int kOperandUnits = kRows * kStreamPieceK / 8;     // 2 halves x [rows][8 units]
-  constexpr int kGroups = G >= 64 ? 1 : 64 / G;                // groups in a thread's 64 k
+  constexpr int kSteps = kStreamPieceK / 16;
+  constexpr int kGroups = kStreamPieceK / G;  // groups of a row in a piece
   static_assert(kBlockThreads == 2 * 128 && kWeightUnits % kBlockThreads == 0 && kXUnits % kBlockThreads == 0 &&
-                    (kWeightUnits * 16) % 1024 == 0 && (kStageUnits * 16) % 1024 == 0,
-                "two warpgroups; whole copies a thread; 1024-byte aligned swizzled operands");
+                    (kWeightUnits * 16) % 1024 == 0 && (kStageUnits * 16) % 1024 == 0 && kStreamPieceK % G == 0,
+                "two warpgroups; whole copies a thread; 1024-byte aligned swizzled x; groups tile a piece");
 #if W4_EMU
   uint4* smem = ::w4emu::dynamic_shared<uint4>();
 #else
   extern __shared__ __align__(1024) uint4 smem[];
 #endif
-  uint4* operands = smem + S * kStageUnits;
 
-  const int wg = threadIdx.x / 128;
   const detail::TileBlock block = detail::tile_block(p, kRows, M_TILE);
   const int n0 = block.n0, m0 = block.m0, ks = block.ks, pb0 = block.pb0, count = block.count;
   const int groups = p.k / G, kc = p.k / kLaneK;
@@ -191,45 +189,68 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyPara
     const int64_t row = min(m0 + (threadIdx.x + kBlockThreads * i) / 16, p.m - 1);
     xsrc[i] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + row * p.stride_xm) + xc;
   }
+  // Copy i of a thread goes kBlockThreads / 4 weight rows (or / 16 x rows) after copy 0: a multiple
+  // of 8 rows, so its swizzled unit is copy 0's plus a constant.
+  const int wdst = 4 * (threadIdx.x / 4) + (wc ^ (threadIdx.x / 8 % 4));
+  const int xdst = kWeightUnits + xc / 8 * M_TILE * 8 + detail::swizzle128(threadIdx.x / 16, xc % 8);
   auto issue_weights = [&](int f) {
     if (f < count) {
-      uint4* stage = smem + f % S * kStageUnits;
+      uint4* stage = smem + f % S * kStageUnits + wdst;
       const int off = (pb0 + f) * (kStreamPieceK / kLaneK);
 #pragma unroll
-      for (int i = 0; i < kWeightCopies; ++i) {
-        const int r = (threadIdx.x + kBlockThreads * i) / 4;
-        detail::cp_async16(stage + 4 * r + (wc ^ (r / 2 % 4)), wsrc[i] + off);
-      }
+      for (int i = 0; i < kWeightCopies; ++i) detail::cp_async16(stage + kBlockThreads * i, wsrc[i] + off);
     }
   };
   auto issue_x = [&](int f) {  // then closes piece f's copy group (an empty one past count)
     if (f < count) {
-      uint4* stage = smem + f % S * kStageUnits + kWeightUnits + xc / 8 * M_TILE * 8;
+      uint4* stage = smem + f % S * kStageUnits + xdst;
       const int off = (pb0 + f) * (kStreamPieceK / 8);
 #pragma unroll
-      for (int i = 0; i < kXCopies; ++i) {
-        detail::cp_async16(stage + detail::swizzle128((threadIdx.x + kBlockThreads * i) / 16, xc % 8), xsrc[i] + off);
-      }
+      for (int i = 0; i < kXCopies; ++i) detail::cp_async16(stage + 8 * (kBlockThreads / 16) * i, xsrc[i] + off);
     }
     detail::cp_async_commit();
   };
 
-  // This thread dequantizes row r of the block (its warpgroup's 64 rows) over k half h of a piece.
-  const int r = 64 * wg + threadIdx.x % 64, h = threadIdx.x % 128 / 64;
-  const int64_t grow = min(n0 + r, p.n - 1);
-  const unsigned short* srcs = static_cast<const unsigned short*>(p.scales) + grow * groups;
-  const uint32_t* zsrc = SYM ? nullptr : p.zeros + grow / 8 * groups;
-  const int zshift = 4 * static_cast<int>(grow % 8);
-  uint32_t s[kGroups], z[kGroups];
-  auto load_group = [&](int f, uint32_t (&sv)[kGroups], uint32_t (&zv)[kGroups]) {
-    const int g0 = ((pb0 + min(f, count - 1)) * kStreamPieceK + 64 * h) / G;
+  // This thread's A rows: quad and quad + 8 of its warp's 16 of its warpgroup's 64.
+  const int t = threadIdx.x % 4;
+  const int row0 = static_cast<int>(threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4);
+  const int rows[2] = {row0, row0 + 8};
+  const uint32_t select = 0x4400u + 0x1111u * static_cast<uint32_t>(t);
+  const unsigned short* srcs[2];
+  const uint32_t* zsrc[2];
+  int zshift[2];
 #pragma unroll
-    for (int i = 0; i < kGroups; ++i) {
-      sv[i] = W4_LDG(srcs + g0 + i);
-      zv[i] = SYM ? 8u : (W4_LDG(zsrc + g0 + i) >> zshift) & 0xFu;
-    }
+  for (int i = 0; i < 2; ++i) {
+    const int64_t grow = min(n0 + rows[i], p.n - 1);
+    srcs[i] = static_cast<const unsigned short*>(p.scales) + grow * groups;
+    zsrc[i] = SYM ? nullptr : p.zeros + grow / 8 * groups;
+    zshift[i] = 4 * static_cast<int>(grow % 8);
+  }
+  // A piece's scales as splat pairs and -(magic + z) of each row and group.
+  uint32_t s2[2][kGroups], nz[2][kGroups];
+  auto load_groups = [&](int f, uint32_t (&sv)[2][kGroups], uint32_t (&zv)[2][kGroups]) {
+    const int g0 = (pb0 + min(f, count - 1)) * kGroups;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        sv[i][g] = W4_LDG(srcs[i] + g0 + g);
+        zv[i][g] = SYM ? 8u : (W4_LDG(zsrc[i] + g0 + g) >> zshift[i]) & 0xFu;
+      }
   };
-  if (count > 0) load_group(0, s, z);
+  auto to_pairs = [&](uint32_t (&sv)[2][kGroups], uint32_t (&zv)[2][kGroups]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        sv[i][g] *= 0x10001u;
+        zv[i][g] = detail::neg_magic<T>(zv[i][g]);
+      }
+  };
+  if (count > 0) {
+    load_groups(0, s2, nz);
+    to_pairs(s2, nz);
+  }
 
   // Weights may stream while the previous kernel drains; x only after pdl_wait.
 #pragma unroll
@@ -238,54 +259,61 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyPara
 #pragma unroll
   for (int f = 0; f < S - 2; ++f) issue_x(f);
 
-  const uint64_t a_desc = detail::wgmma_descriptor(operands + 64 * wg * 8);  // this warpgroup's rows
   const uint64_t b_desc = detail::wgmma_descriptor(smem + kWeightUnits);
   float acc[M_TILE / 2] = {};
-  for (int e = 0; e < count; ++e) {
+  // One piece into the A registers `a`, which the wgmma of two pieces before no longer reads.
+  auto piece = [&](int e, uint32_t (&a)[kSteps][4]) {
     detail::cp_async_wait<S - 3>();
     detail::fence_proxy_async();
     __syncthreads();  // piece e is in its stage; every warpgroup's wgmma of piece e - 2 is done
     issue_weights(e + S - 2);
     issue_x(e + S - 2);
-    uint32_t s_next[kGroups], z_next[kGroups];
-    load_group(e + 1, s_next, z_next);
+    uint32_t s_next[2][kGroups], z_next[2][kGroups];
+    load_groups(e + 1, s_next, z_next);
 
-    const uint4* stage = smem + e % S * kStageUnits;
-    uint4* operand = operands + e % 2 * kOperandUnits;
-    uint4 wv[2];  // both loads first: the compiler cannot tell them from the operand stores
+    const uint4* stage = smem + e % S * kStageUnits + 4 * row0;
+    uint4 wv[2][4];  // rows row0 and row0 + 8: the same swizzle, 32 units apart
 #pragma unroll
-    for (int half_unit = 0; half_unit < 2; ++half_unit) {
-      wv[half_unit] = stage[4 * r + ((2 * h + half_unit) ^ (r / 2 % 4))];
-    }
+    for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int half_unit = 0; half_unit < 2; ++half_unit) {
+      for (int u = 0; u < 4; ++u) wv[i][u] = stage[32 * i + (u ^ (row0 / 2 % 4))];
+    // Step c / 2 takes word c (c even: A k 2t, 2t + 1) and word c + 1 (k 2t + 8, 2t + 9) of both rows.
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const int g = 16 * step / G;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int gi = (4 * half_unit + j) * 8 * kGroups / 64;
-        operand[h * kRows * 8 + detail::swizzle128(r, 4 * half_unit + j)] =
-            detail::ordered_weights<T>(detail::word(wv[half_unit], j), z[gi], s[gi] * 0x10001u);
+        const int i = j % 2, c = 2 * step + j / 2;
+        a[step][j] = detail::fragment_pair<T>(detail::word(wv[i][c / 4], c % 4), select, nz[i][g], s2[i][g]);
       }
     }
-    detail::fence_proxy_async();
-    __syncthreads();  // the piece's operand is complete
 
     // A descriptor's address field counts 16-byte units: a k16 step is 2 of them.
-    const uint32_t a_units = e % 2 * kOperandUnits, b_units = e % S * kStageUnits;
+    const uint32_t b_units = e % S * kStageUnits;
     detail::wgmma_fence();
 #pragma unroll
-    for (int step = 0; step < kStreamPieceK / 16; ++step) {
-      const int half = step / 4, units = 2 * (step % 4);
-      detail::wgmma_ss<T, M_TILE>(acc, detail::advance(a_desc, a_units + half * kRows * 8 + units),
-                                  detail::advance(b_desc, b_units + half * M_TILE * 8 + units));
+    for (int step = 0; step < kSteps; ++step) {
+      detail::wgmma_rs<T, M_TILE>(acc, a[step], detail::advance(b_desc, b_units + step / 4 * M_TILE * 8 + 2 * (step % 4)));
     }
     detail::wgmma_commit();
     detail::wgmma_wait<1>();
+    to_pairs(s_next, z_next);
 #pragma unroll
-    for (int i = 0; i < kGroups; ++i) {
-      s[i] = s_next[i];
-      z[i] = z_next[i];
-    }
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        s2[i][g] = s_next[i][g];
+        nz[i][g] = z_next[i][g];
+      }
+  };
+  // Two register sets in turn: a piece's wgmma reads its set until the wait of the next piece.
+  uint32_t a_even[kSteps][4], a_odd[kSteps][4];
+  int e = 0;
+  for (; e + 1 < count; e += 2) {
+    piece(e, a_even);
+    piece(e + 1, a_odd);
   }
+  if (e < count) piece(e, a_even);
   detail::wgmma_wait<0>();
   detail::fence_accumulators(acc);
 
@@ -294,7 +322,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyPara
   __syncthreads();
   float* red = reinterpret_cast<float*>(smem);
   {
-    const int warp = threadIdx.x % 128 / 32, quad = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, quad = threadIdx.x % 32 / 4;
 #pragma unroll
     for (int i = 0; i < M_TILE / 8; ++i)
 #pragma unroll

@@ -161,7 +161,7 @@ def kernels() -> list[Kernel]:
     """The mma-engine kernels the default plan runs, with their loops' trip sizes: the segmented
     kernels' ring of 3 iterations x kSegRowSets rows, the ring's kRingStages x kLaneRows, the batch
     kernel's 4 unrolled iterations x kLaneRows, the stream and tile kernels' one piece of 4 rows, the
-    wgmma kernel's one piece of 2 chunks of one row; each chunk 32 k."""
+    wgmma kernel's two pieces (one a register set) of 2 rows; each 32 k a row and piece."""
     lane_k, lane_rows, seg_rows, ring_stages = map(plan_constant, ("kLaneK", "kLaneRows", "kSegRowSets", "kRingStages"))
     seg = 3 * seg_rows * lane_k
     ring = ring_stages * lane_rows * lane_k
@@ -178,8 +178,8 @@ def kernels() -> list[Kernel]:
     def tile(label: str, m_tile: int) -> Kernel:
         return Kernel(label, "skinny_tile", "tile_kernel", f"Li{m_tile}ELi{{g}}ELb{{sym}}E", 4 * lane_k)
 
-    def wgmma(label: str, m_tile: int) -> Kernel:  # a thread dequantizes 64 k of one row a piece
-        return Kernel(label, "skinny_wgmma", "wgmma_kernel", f"Li{m_tile}ELi{{g}}ELb{{sym}}E", 2 * lane_k)
+    def wgmma(label: str, m_tile: int) -> Kernel:
+        return Kernel(label, "skinny_wgmma", "wgmma_kernel", f"Li{m_tile}ELi{{g}}ELb{{sym}}E", 4 * lane_k)
 
     return [
         segment("segment_smem, M = 1", 1, 1, 0),
