@@ -130,25 +130,40 @@ W4_WGMMA(bf16_t, "bf16", 128, W4_R64, "%64, %65, %66, %67", "%68", "%69", W4_D8(
 #undef W4_D8
 #endif
 
-// (q - z) * s of nibbles 2t and 2t + 1 of w (byte t) as a pair of T, one rounding each: byte t of
-// w and byte t of w >> 4 are permuted into the two halves' low bytes for the magic-number
-// conversion (`select` = 0x4400 + 0x1111 t; `neg_magic_z` = -(magic + z) in both halves).
+// (q - z) * s of nibbles 2t and 2t + 1 of w (byte t) as a pair of T, one rounding each, by the
+// magic-number conversion with `neg_magic_z` (neg_magic(z)) and `select` (fragment_select(t)).
+// bf16 (7 mantissa bits): byte t of w and of w >> 4 go to the two halves' low bytes, so each
+// nibble lands in bits 0..3 of 128. fp16: byte t goes to both halves, the high nibble stays in
+// bits 4..7 of 1024 (16 q, exact) and the subtract scales that half by 1/16, exactly.
 template <typename T>
 __device__ __forceinline__ uint32_t fragment_pair(uint32_t w, uint32_t select, uint32_t neg_magic_z, uint32_t s2) {
-  constexpr uint32_t kMagic = std::is_same_v<T, bf16_t> ? 0x43004300u : 0x64006400u;  // 128 or 1024
-  constexpr uint32_t kOne = std::is_same_v<T, bf16_t> ? 0x3F803F80u : 0x3C003C00u;
   constexpr uint32_t kNegZero = 0x80008000u;
-  const uint32_t pair = and_or(__byte_perm(w, w >> 4, select), 0x000F000Fu, kMagic);
-  return fma2<T>(fma2<T>(pair, kOne, neg_magic_z), s2, kNegZero);
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    const uint32_t pair = and_or(__byte_perm(w, w >> 4, select), 0x000F000Fu, 0x43004300u);  // 128 + q
+    return fma2<T>(fma2<T>(pair, 0x3F803F80u, neg_magic_z), s2, kNegZero);
+  } else {
+    const uint32_t pair = and_or(__byte_perm(w, w, select), 0x00F0000Fu, 0x64006400u);  // 1024 + (q, 16 q)
+    return fma2<T>(fma2<T>(pair, 0x2C003C00u, neg_magic_z), s2, kNegZero);          // times (1, 1/16)
+  }
 }
 
-// -(magic + z) in both halves of a pair of T.
+// fragment_pair's byte permute for lane t of a quad: byte t to bytes 0 and 1, and byte t of the
+// second source (w >> 4 for bf16, w for fp16) to bytes 2 and 3.
+__device__ __forceinline__ uint32_t fragment_select(int t) { return 0x4400u + 0x1111u * static_cast<uint32_t>(t); }
+
+// -(magic + z) of each half for fragment_pair: -(128 + z) for bf16; for fp16 -(1024 + z) low and
+// -(64 + z) high (64 has spacing 1/16 in fp16).
 template <typename T>
 __device__ __forceinline__ uint32_t neg_magic(uint32_t z) {
-  return splat((std::is_same_v<T, bf16_t> ? 0xC300u : 0xE400u) | z);
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    return splat(0xC300u | z);
+  } else {
+    return ((0xD400u | (z << 4)) << 16) | 0xE400u | z;
+  }
 }
 
 }  // namespace detail
+
 template <typename T, int M_TILE, int G, bool SYM>
 __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyParams p) {
 #if W4_EMU || defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -215,7 +230,7 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyPara
   const int t = threadIdx.x % 4;
   const int row0 = static_cast<int>(threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4);
   const int rows[2] = {row0, row0 + 8};
-  const uint32_t select = 0x4400u + 0x1111u * static_cast<uint32_t>(t);
+  const uint32_t select = detail::fragment_select(t);
   const unsigned short* srcs[2];
   const uint32_t* zsrc[2];
   int zshift[2];
