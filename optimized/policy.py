@@ -218,6 +218,15 @@ def skinny_max_m(ratio_by_m: Mapping[int, float]) -> int:
     return best
 
 
+def against_fallback(skinny: Mapping[int, float], transient: Mapping[int, float],
+                     transient_min_m: int) -> dict[int, float]:
+    """skinny: M -> skinny time / Triton time; transient: M -> transient time / Triton time (both
+    geometric means over the shapes). M -> skinny's time over that of the path the hybrid op runs
+    when skinny does not take the call: the transient path from transient_min_m on where it was
+    measured, Triton elsewhere."""
+    return {m: r / transient[m] if m >= transient_min_m and m in transient else r for m, r in skinny.items()}
+
+
 def dense_min_m(ratio_by_m: Mapping[int, float]) -> int | None:
     """ratio_by_m: M -> dense GEMM (or transient path) time / Triton time at that M (the geometric
     mean over the shapes). The smallest measured M from which it is faster (ratio < 1) at every

@@ -7,9 +7,10 @@
 Run from the repository root. What it reads from the benchmark cells (matmul cells; a later file's
 cell replaces an earlier one's) and proposes, with the rules of optimized/policy.py:
 
-* hybrid: skinny_max_m from the skinny and triton cells, dense_min_m from the dense and triton cells
-  (per M the geometric mean over the shapes of the time ratio; `policy.skinny_max_m`,
-  `policy.dense_min_m`);
+* hybrid: transient_min_m from the transient and triton cells, skinny_max_m from the skinny cells
+  against the path that runs without it (Triton, or the transient path from transient_min_m on),
+  dense_min_m from the dense and triton cells (per M the geometric mean over the shapes of the time
+  ratio; `policy.dense_min_m`, `policy.against_fallback`, `policy.skinny_max_m`);
 * triton: per bucket of the device's tile table, the `triton@<tile>` candidate with the highest
   geometric mean of % of the floor over the cells of that bucket's M (`policy.best_tile`);
 * skinny: a score of the thresholds as they are: per cell, the time of the skinny kernel's own
@@ -86,10 +87,14 @@ def fit_hybrid(cells: dict, current: policy.HybridThresholds, device: str) -> di
                                               current.transient_min_m)
     parts = [said]
     if skinny:
-        out["skinny_max_m"] = policy.skinny_max_m(skinny)
-        won = [r for m, r in skinny.items() if m <= out["skinny_max_m"]]
-        parts.append(f"skinny took {span(won)} Triton's time at every M up to {out['skinny_max_m']}" if won else
-                     f"skinny slower than Triton from M {min(skinny)} ({skinny[min(skinny)]:.2f}x)")
+        rival = policy.against_fallback(skinny, transient, out["transient_min_m"])
+        out["skinny_max_m"] = policy.skinny_max_m(rival)
+        won = [r for m, r in rival.items() if m <= out["skinny_max_m"]]
+        lost = [m for m in rival if m > out["skinny_max_m"]]
+        what = f"the time of Triton below M {out['transient_min_m']} and the transient path from it"
+        parts.append(f"skinny took {span(won)} {what} at every M up to {out['skinny_max_m']}"
+                     + (f" ({rival[min(lost)]:.2f}x at M {min(lost)})" if lost else "") if won else
+                     f"skinny slower than {what} from M {min(rival)} ({rival[min(rival)]:.2f}x)")
     else:
         parts.append("skinny_max_m kept (skinny not measured)")
     out["dense_min_m"], said = fit_from_m(dense, "the dense GEMM", "dense_min_m", current.dense_min_m)

@@ -128,12 +128,16 @@ def expected_ranges(platform: Platform, dense: bool, k: int) -> list[tuple[int, 
         out.append((1, skinny_hi, "skinny"))
         lo = skinny_hi + 1
     rest = "triton" if platform.triton[0] else "torch"
+    # A threshold at or below lo leaves the range before it empty (dense outranks skinny).
     if dense:
-        out.append((lo, t.dense_min_m - 1, rest))
+        if lo < t.dense_min_m:
+            out.append((lo, t.dense_min_m - 1, rest))
+        out = [(a, min(b, t.dense_min_m - 1), name) for a, b, name in out if a < t.dense_min_m]
         out.append((t.dense_min_m, None, "dense"))
     elif platform.kind == "cuda" and platform.triton[0]:
-        out.append((lo, t.transient_min_m - 1, rest))
-        out.append((t.transient_min_m, None, "transient"))
+        if lo < t.transient_min_m:
+            out.append((lo, t.transient_min_m - 1, rest))
+        out.append((max(lo, t.transient_min_m), None, "transient"))
     else:
         out.append((lo, None, rest))
     return out
@@ -153,7 +157,8 @@ def test_repr_names_layout_and_implementation_per_m_range(monkeypatch, platform,
     ranges = layer.implementation_ranges()
     assert ranges == expected_ranges(platform, dense, k)
     if platform is H100:
-        assert ranges[0] == (1, 64 if k % 128 == 0 else 16, "skinny"), ranges
+        skinny_max_m = dispatch.thresholds_for(H100.name).skinny_max_m
+        assert ranges[0] == (1, skinny_max_m if k % 128 == 0 else 16, "skinny"), ranges
     # Each range agrees with choose() inside it and at its edges.
     from optimized import choose
     for lo, hi, name in ranges:

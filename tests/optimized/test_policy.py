@@ -109,6 +109,18 @@ def test_skinny_max_m_is_the_last_m_of_an_unbroken_win(ratios, expected):
     assert policy.skinny_max_m(ratios) == expected
 
 
+@pytest.mark.parametrize("transient_min_m, expected", (
+    (512, {64: 0.6, 512: 0.75, 1024: 1.25}),   # from 512 on skinny meets the transient path
+    (8192, {64: 0.6, 512: 0.6, 1024: 0.75}),   # the transient path never runs: Triton throughout
+))
+def test_skinny_is_weighed_against_the_path_that_runs_without_it(transient_min_m, expected):
+    skinny = {64: 0.6, 512: 0.6, 1024: 0.75}
+    transient = {64: 2.0, 512: 0.8, 1024: 0.6}
+    assert policy.against_fallback(skinny, transient, transient_min_m) == pytest.approx(expected)
+    assert policy.skinny_max_m(policy.against_fallback(skinny, transient, transient_min_m)) == \
+        (512 if transient_min_m == 512 else 1024)
+
+
 @pytest.mark.parametrize("ratios, expected", (
     ({16: 1.3, 32: 0.9, 64: 0.7, 4096: 0.5}, 32),
     ({16: 0.9, 32: 1.1, 64: 0.7, 4096: 0.5}, 64),  # a loss at 32 moves it past 32
