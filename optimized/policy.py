@@ -218,13 +218,18 @@ def skinny_max_m(ratio_by_m: Mapping[int, float]) -> int:
     return best
 
 
-def against_fallback(skinny: Mapping[int, float], transient: Mapping[int, float],
+def against_fallback(skinny: Mapping[tuple, float], triton: Mapping[tuple, float], transient: Mapping[tuple, float],
                      transient_min_m: int) -> dict[int, float]:
-    """skinny: M -> skinny time / Triton time; transient: M -> transient time / Triton time (both
-    geometric means over the shapes). M -> skinny's time over that of the path the hybrid op runs
-    when skinny does not take the call: the transient path from transient_min_m on where it was
-    measured, Triton elsewhere."""
-    return {m: r / transient[m] if m >= transient_min_m and m in transient else r for m, r in skinny.items()}
+    """Times in us per cell (shape, dtype, sym, M) of each path. M -> the geometric mean over the
+    cells of skinny's time over that of the path the hybrid op runs when skinny does not take the
+    call: the transient path from transient_min_m on, Triton below it; a cell without that rival's
+    time is left out."""
+    ratios: dict[int, list[float]] = {}
+    for key, t in skinny.items():
+        rival = transient if key[3] >= transient_min_m else triton
+        if key in rival:
+            ratios.setdefault(key[3], []).append(t / rival[key])
+    return {m: geometric_mean(v) for m, v in sorted(ratios.items())}
 
 
 def dense_min_m(ratio_by_m: Mapping[int, float]) -> int | None:

@@ -42,13 +42,21 @@ def head_commit() -> str:
                           check=True).stdout.strip()
 
 
-def by_provider(rows) -> dict[str, dict[tuple, object]]:
-    """provider -> (shape, dtype, sym, M) -> row, matmul cells only."""
+def by_provider(rows) -> tuple[dict[str, dict[tuple, object]], list[str]]:
+    """(provider -> (shape, dtype, sym, M) -> row, matmul cells only; the cells left out). A cell
+    its run found slower than its golden band is left out: a disturbed measurement must not move a
+    threshold, and a real slowdown is for tests.benchmarks.control to confirm before the goldens and
+    the policy follow it."""
     out: dict[str, dict[tuple, object]] = defaultdict(dict)
+    left_out = []
     for r in rows:
-        if r.kind == "matmul":
-            out[r.provider][(r.subject, r.dtype, r.sym, r.m)] = r
-    return out
+        if r.kind != "matmul":
+            continue
+        if r.golden == "slower":
+            left_out.append(f"{r.subject} M={r.m} {r.provider}")
+            continue
+        out[r.provider][(r.subject, r.dtype, r.sym, r.m)] = r
+    return out, left_out
 
 
 def ratio_by_m(cells: dict, a: str, b: str) -> dict[int, float]:
@@ -87,7 +95,8 @@ def fit_hybrid(cells: dict, current: policy.HybridThresholds, device: str) -> di
                                               current.transient_min_m)
     parts = [said]
     if skinny:
-        rival = policy.against_fallback(skinny, transient, out["transient_min_m"])
+        rival = policy.against_fallback(*({key: r.median_us for key, r in cells.get(name, {}).items()}
+                                          for name in ("skinny", "triton", "transient")), out["transient_min_m"])
         out["skinny_max_m"] = policy.skinny_max_m(rival)
         won = [r for m, r in rival.items() if m <= out["skinny_max_m"]]
         lost = [m for m in rival if m > out["skinny_max_m"]]
@@ -175,9 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     commands = list(dict.fromkeys(m.get("w4a16", {}).get("command") for m in machines if m.get("w4a16", {}).get("command")))
     command = "; ".join(commands + [shlex.join(["python3", "-m", "tools.fit_policy", *(p.name for p in args.inputs)])])
     commit = head_commit()
-    cells = by_provider(rows)
+    cells, left_out = by_provider(rows)
 
     hybrid = fit_hybrid(cells, current.hybrid, device)
+    if hybrid and left_out:
+        hybrid["summary"] += f" (left out, slower than their golden band in their run: {'; '.join(left_out)})"
     triton = fit_triton(cells, current.triton, device)
     skinny = score_skinny(cells, device)
     lines = [f"# Policy fit for {device} ({path.relative_to(ROOT)})", ""]

@@ -110,15 +110,21 @@ def test_skinny_max_m_is_the_last_m_of_an_unbroken_win(ratios, expected):
 
 
 @pytest.mark.parametrize("transient_min_m, expected", (
-    (512, {64: 0.6, 512: 0.75, 1024: 1.25}),   # from 512 on skinny meets the transient path
-    (8192, {64: 0.6, 512: 0.6, 1024: 0.75}),   # the transient path never runs: Triton throughout
+    (512, {64: 0.6, 512: (0.6 * 2.0) ** 0.5, 1024: 1.5}),  # from 512 on skinny meets the transient
+                                                            # path; shape b has none at 1024: left out
+    (8192, {64: 0.6, 512: (0.6 * 0.5) ** 0.5, 1024: 0.75}),  # no transient path: Triton throughout
 ))
 def test_skinny_is_weighed_against_the_path_that_runs_without_it(transient_min_m, expected):
-    skinny = {64: 0.6, 512: 0.6, 1024: 0.75}
-    transient = {64: 2.0, 512: 0.8, 1024: 0.6}
-    assert policy.against_fallback(skinny, transient, transient_min_m) == pytest.approx(expected)
-    assert policy.skinny_max_m(policy.against_fallback(skinny, transient, transient_min_m)) == \
-        (512 if transient_min_m == 512 else 1024)
+    def cells(*times):  # (shape a, shape b) at M 64, 512, 1024
+        keys = [(shape, "bf16", "asym", m) for m in (64, 512, 1024) for shape in ("a", "b")]
+        return {key: t for key, t in zip(keys, times) if t is not None}
+
+    skinny = cells(6, 6, 6, 3, 9, 6)
+    triton = cells(10, 10, 10, 6, 12, 8)
+    transient = cells(20, 20, 10, 1.5, 6, None)
+    fitted = policy.against_fallback(skinny, triton, transient, transient_min_m)
+    assert fitted == pytest.approx(expected)
+    assert policy.skinny_max_m(fitted) == (64 if transient_min_m == 512 else 1024)
 
 
 @pytest.mark.parametrize("ratios, expected", (
