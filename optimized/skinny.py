@@ -47,7 +47,7 @@ ENGINES = ("auto", "mma", "simt")  # mma: CUDA tensor cores (sm_80+); simt: CUDA
 # on a persistent grid; "stream" streams weights through a shared-memory ring and may split K over
 # blocks (tensor cores, K % 128 == 0); "tile" streams weights and x through shared-memory stages, a
 # block an output tile of N x M (tensor cores, K % 128 == 0, any M), and splits K like "stream";
-# "wgmma" is "tile" on Hopper's warpgroup MMA, the weights dequantized into shared memory (compute
+# "wgmma" is "tile" on Hopper's warpgroup MMA, the weights dequantized into its register operand (compute
 # capability 9.0, M above 16).
 KERNELS = ("batch", "ring", "segment", "segment_smem", "segment_persistent", "stream", "tile", "wgmma")
 # How a call overlaps the kernel before it on the stream (csrc/skinny_plan.h Overlap, same order):

@@ -88,7 +88,7 @@ constexpr int kEngineNameMma = 1, kEngineNameSimt = 2;  // indices into kEngineN
 //    through shared-memory stages shared by the block, which owns an output tile of N x M rows;
 //    the only kernel above kMaxM on devices without wgmma. It splits K as the stream kernel does.
 //  * kWgmma (skinny_wgmma.cuh; compute capability 9.0, K % kStreamPieceK == 0, M > kMaxM): the
-//    tile kernel's tiles and split on warpgroup MMA, the weights dequantized into shared memory.
+//    tile kernel's tiles and split on warpgroup MMA, the weights dequantized into its register operand.
 enum Kernel : int { kBatch = 0, kRing = 1, kSegment = 2, kSegmentSmem = 3, kSegmentPersistent = 4, kStream = 5,
                     kTile = 6, kWgmma = 7 };
 constexpr int kNumKernels = 8;
