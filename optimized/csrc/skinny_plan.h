@@ -289,7 +289,9 @@ W4_HD constexpr int tile_shared_bytes(int m_tile) {
 // and its dynamic shared memory.
 constexpr int kWgmmaMinM = 33;
 W4_HD constexpr int wgmma_m(int m) { return m <= 64 ? 64 : 128; }
-W4_HD constexpr int wgmma_stage_bytes(int m_tile) { return kWgmmaRows * kStreamPieceK / 2 + m_tile * kStreamPieceK * 2; }
+W4_HD constexpr int wgmma_stage_bytes(int m_tile) {
+  return kWgmmaRows * kStreamPieceK / 2 + m_tile * kStreamPieceK * 2;
+}
 W4_HD constexpr int wgmma_stages(int m_tile) { return 227 * 1024 / wgmma_stage_bytes(m_tile); }
 W4_HD constexpr int wgmma_shared_bytes(int m_tile) { return wgmma_stages(m_tile) * wgmma_stage_bytes(m_tile); }
 

@@ -308,7 +308,8 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyPara
     detail::wgmma_fence();
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
-      detail::wgmma_rs<T, M_TILE>(acc, a[step], detail::advance(b_desc, b_units + step / 4 * M_TILE * 8 + 2 * (step % 4)));
+      const uint32_t units = b_units + step / 4 * M_TILE * 8 + 2 * (step % 4);
+      detail::wgmma_rs<T, M_TILE>(acc, a[step], detail::advance(b_desc, units));
     }
     detail::wgmma_commit();
     detail::wgmma_wait<1>();
