@@ -94,16 +94,19 @@ def fit_hybrid(cells: dict, current: policy.HybridThresholds, device: str) -> di
     out["transient_min_m"], said = fit_from_m(transient, "the transient path", "transient_min_m",
                                               current.transient_min_m)
     parts = [said]
-    if skinny:
-        rival = policy.against_fallback(*({key: r.median_us for key, r in cells.get(name, {}).items()}
-                                          for name in ("skinny", "triton", "transient")), out["transient_min_m"])
+    times = {name: {key: r.median_us for key, r in cells.get(name, {}).items()}
+             for name in ("skinny", "triton", "transient")}
+    rival = policy.against_fallback(times["skinny"], times["triton"], times["transient"], out["transient_min_m"])
+    if rival:
         out["skinny_max_m"] = policy.skinny_max_m(rival)
+        what = f"the time of Triton below M {out['transient_min_m']} and the transient path from it"
         won = [r for m, r in rival.items() if m <= out["skinny_max_m"]]
         lost = [m for m in rival if m > out["skinny_max_m"]]
-        what = f"the time of Triton below M {out['transient_min_m']} and the transient path from it"
-        parts.append(f"skinny took {span(won)} {what} at every M up to {out['skinny_max_m']}"
-                     + (f" ({rival[min(lost)]:.2f}x at M {min(lost)})" if lost else "") if won else
-                     f"skinny slower than {what} from M {min(rival)} ({rival[min(rival)]:.2f}x)")
+        if not won:
+            parts.append(f"skinny slower than {what} from M {min(rival)} ({rival[min(rival)]:.2f}x)")
+        else:
+            parts.append(f"skinny took {span(won)} {what} at every M up to {out['skinny_max_m']}"
+                         + (f" ({rival[min(lost)]:.2f}x at M {min(lost)})" if lost else ""))
     else:
         parts.append("skinny_max_m kept (skinny not measured)")
     out["dense_min_m"], said = fit_from_m(dense, "the dense GEMM", "dense_min_m", current.dense_min_m)

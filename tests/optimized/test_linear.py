@@ -125,19 +125,16 @@ def expected_ranges(platform: Platform, dense: bool, k: int) -> list[tuple[int, 
     takes_all = not skinny.unfit(t.skinny_max_m, k, platform.kind == "rocm")
     skinny_hi = t.skinny_max_m if takes_all else min(t.skinny_max_m, skinny.MAX_M)
     if platform.skinny[0]:
-        out.append((1, skinny_hi, "skinny"))
-        lo = skinny_hi + 1
+        # A dense cache outranks skinny; skinny outranks the transient path.
+        hi = min(skinny_hi, t.dense_min_m - 1) if dense else skinny_hi
+        out.append((1, hi, "skinny"))
+        lo = hi + 1
     rest = "triton" if platform.triton[0] else "torch"
-    # A threshold at or below lo leaves the range before it empty (dense outranks skinny).
-    if dense:
-        if lo < t.dense_min_m:
-            out.append((lo, t.dense_min_m - 1, rest))
-        out = [(a, min(b, t.dense_min_m - 1), name) for a, b, name in out if a < t.dense_min_m]
-        out.append((t.dense_min_m, None, "dense"))
-    elif platform.kind == "cuda" and platform.triton[0]:
-        if lo < t.transient_min_m:
-            out.append((lo, t.transient_min_m - 1, rest))
-        out.append((max(lo, t.transient_min_m), None, "transient"))
+    if dense or (platform.kind == "cuda" and platform.triton[0]):
+        start = t.dense_min_m if dense else max(lo, t.transient_min_m)
+        if lo < start:
+            out.append((lo, start - 1, rest))
+        out.append((start, None, "dense" if dense else "transient"))
     else:
         out.append((lo, None, rest))
     return out
