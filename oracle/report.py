@@ -4,9 +4,11 @@ Reads the `extra_info` each benchmark records (kind "matmul", "block" or "model"
 or model, M, dtype, symmetry, median_us, pct_of_floor, hybrid_impl, tokens_per_s, golden), never the
 parametrize objects, and each file's provenance: the card, versions and roofline
 (`machine_info.w4a16`), the command that ran it (`machine_info.w4a16.command`) and its commit
-(`machine_info.w4a16.commit`, else pytest-benchmark's `commit_info`). Writes DIR/report.md and,
-unless told not to, one PNG per (shape, dtype, symmetry): speed-up over dense cuBLAS and % of the
-W4 roofline floor against M. matplotlib is imported only to draw (`pip install
+(`machine_info.w4a16.commit`, else pytest-benchmark's `commit_info`). Writes DIR/report.md (with,
+per shape, the fastest of our providers against GOALS: t(16) and t(32) over t(1), dense cuBLAS over
+ours at M = 16, 64, 128, 256 and 1024 up, and the peer cells ours win) and, unless told not to,
+one PNG per (shape, dtype, symmetry): speed-up over dense cuBLAS and % of the W4 roofline floor
+against M. matplotlib is imported only to draw (`pip install
 w4a16-oracle[bench]`), so the oracle works without it.
 
 "model" rows come from the end-to-end command (`python3 -m tests.benchmarks.model_e2e`, same JSON
@@ -18,13 +20,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 DENSE = "dense"
 BF16 = "bf16"  # the model rows' unquantized baseline
 KINDS = ("matmul", "block", "model")
+# Matmul providers that are not a W4A16 kernel of ours: dense baselines and third-party peers.
+BASELINES = (DENSE, "dequant_dense", "oracle")
+PEERS = ("tinygemm", "gemlite")
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,83 @@ def matmul_section(rows: list[Row], dtype: str, sym: str) -> list[str]:
             + _table(["shape", "M"] + [p for p in providers if p != DENSE], ratios) + [""])
 
 
+@dataclass(frozen=True)
+class Goal:
+    """A target for the best of our providers on one shape: `value` of its cells by M (None where
+    not measured) against `bound`, met at or below it (`at_most`) or at or above it."""
+
+    label: str
+    value: Callable[[dict[int, dict[str, Row]]], float | None]
+    bound: float
+    at_most: bool
+
+    def met(self, v: float) -> bool:
+        return v <= self.bound if self.at_most else v >= self.bound
+
+
+def ours(cell: dict[str, Row]) -> float | None:
+    """The fastest time of our providers (not a baseline, not a peer) in a cell."""
+    times = [r.median_us for p, r in cell.items() if p not in BASELINES + PEERS]
+    return min(times) if times else None
+
+
+def _over_m1(m: int, min_floor_us: float) -> Callable[[dict[int, dict[str, Row]]], float | None]:
+    """Our time at M over our time at M = 1, where the M = 1 floor is at least min_floor_us (below
+    it launch overhead sets both)."""
+    def value(by_m: dict[int, dict[str, Row]]) -> float | None:
+        one, at = by_m.get(1, {}), by_m.get(m, {})
+        floor = next((r.floor_us for r in one.values() if r.floor_us is not None), None)
+        if floor is None or floor < min_floor_us or ours(one) is None or ours(at) is None:
+            return None
+        return ours(at) / ours(one)
+    return value
+
+
+def _over_dense(at: Callable[[int], bool]) -> Callable[[dict[int, dict[str, Row]]], float | None]:
+    """Dense time over ours, the worst over the measured M that `at` selects."""
+    def value(by_m: dict[int, dict[str, Row]]) -> float | None:
+        ratios = [cell[DENSE].median_us / t for m, cell in by_m.items()
+                  if at(m) and DENSE in cell and (t := ours(cell)) is not None]
+        return min(ratios) if ratios else None
+    return value
+
+
+GOALS = (
+    Goal("t(16) / t(1) <= 1.2", _over_m1(16, 7.0), 1.2, True),
+    Goal("t(32) / t(1) <= 1.5", _over_m1(32, 7.0), 1.5, True),
+    Goal("M 16: dense / ours >= 2.5", _over_dense(lambda m: m == 16), 2.5, False),
+    Goal("M 64: >= 1.3", _over_dense(lambda m: m == 64), 1.3, False),
+    Goal("M 128: >= 1.3", _over_dense(lambda m: m == 128), 1.3, False),
+    Goal("M 256: >= 1.0", _over_dense(lambda m: m == 256), 1.0, False),
+    Goal("M >= 1024 (worst): >= 0.9", _over_dense(lambda m: m >= 1024), 0.9, False),
+)
+
+
+def goals_section(rows: list[Row], dtype: str, sym: str) -> list[str]:
+    """Per shape, the best of our providers against GOALS, and the cells where a peer was measured
+    that we win. Empty where no shape has a goal's cells."""
+    by_shape: dict[str, dict[int, dict[str, Row]]] = {}
+    for (shape, m), cell in _cells(rows).items():
+        by_shape.setdefault(shape, {})[m] = cell
+    body = []
+    for shape, by_m in by_shape.items():
+        values = [g.value(by_m) for g in GOALS]
+        peer_cells = [cell for cell in by_m.values() if any(p in cell for p in PEERS) and ours(cell) is not None]
+        won = sum(all(ours(cell) < cell[p].median_us for p in PEERS if p in cell) for cell in peer_cells)
+        if all(v is None for v in values) and not peer_cells:
+            continue
+        line = [shape] + ["-" if v is None else f"{v:.2f} {'met' if g.met(v) else 'missed'}"
+                          for g, v in zip(GOALS, values)]
+        line.append(f"{won} of {len(peer_cells)}" if peer_cells else "-")
+        body.append(line)
+    if not body:
+        return []
+    return ([f"## Matmul, {dtype} {sym}: the best of our providers against the goals", "",
+             ("Ratios of times; t(M) / t(1) only where the M = 1 floor is 7 us or more; peers: the cells where "
+              "ours beat every peer measured."), ""]
+            + _table(["shape"] + [g.label for g in GOALS] + ["faster than the peers"], body) + [""])
+
+
 def block_section(rows: list[Row]) -> list[str]:
     providers = _providers(rows)
     body = []
@@ -297,6 +379,7 @@ def write_report(paths: list[Path], out: Path, plots: bool = True, command: str 
     for dtype, sym in dict.fromkeys((r.dtype, r.sym) for r in matmul):
         group = [r for r in matmul if (r.dtype, r.sym) == (dtype, sym)]
         lines += matmul_section(group, dtype, sym)
+        lines += goals_section(group, dtype, sym)
         if plots:
             lines += ["### Plots", ""]
             for shape in dict.fromkeys(r.subject for r in group):

@@ -71,6 +71,33 @@ def test_report_plots(bench_json: Path, tmp_path: Path) -> None:
     assert f"![{SHAPE}]({SHAPE}-bf16-asym.png)" in (out / "report.md").read_text()
 
 
+def test_report_states_the_best_of_ours_against_each_goal(tmp_path: Path) -> None:
+    """The goals table takes the fastest of our providers per cell (never dense or a peer), divides
+    by the M = 1 time only where the M = 1 floor is at least 7 us, keeps the worst M >= 1024 ratio,
+    and counts the peer cells ours win; a shape without a goal's cells is left out."""
+    big = "llama3.1-8b.gate_up-K4096xN28672"
+    rows = [
+        bench("matmul", "hybrid", 1, 10.0, shape=big, floor_us=8.0), bench("matmul", "tinygemm", 1, 9.0, shape=big),
+        bench("matmul", "hybrid", 16, 11.0, shape=big), bench("matmul", "triton", 16, 12.0, shape=big),
+        bench("matmul", "dense", 16, 30.0, shape=big), bench("matmul", "gemlite", 16, 12.5, shape=big),
+        bench("matmul", "hybrid", 32, 20.0, shape=big),
+        bench("matmul", "hybrid", 64, 25.0, shape=big), bench("matmul", "dense", 64, 30.0, shape=big),
+        bench("matmul", "hybrid", 1024, 105.0, shape=big), bench("matmul", "dense", 1024, 100.0, shape=big),
+        bench("matmul", "hybrid", 4096, 120.0, shape=big), bench("matmul", "dense", 4096, 100.0, shape=big),
+        # A small shape (M = 1 floor under 7 us): no t(M) / t(1); its M = 128 ratio is 2.0.
+        bench("matmul", "hybrid", 1, 4.0), bench("matmul", "hybrid", 16, 9.0),
+        bench("matmul", "hybrid", 128, 10.0), bench("matmul", "dense", 128, 20.0),
+        bench("matmul", "triton", 4, 12.0, shape="boundary.n8-K4096xN8"),
+    ]
+    out = tmp_path / "report"
+    main(["report", str(write_json(tmp_path / "bench.json", rows)), "--out", str(out), "--no-plots"])
+    text = (out / "report.md").read_text()
+    assert (f"| {big} | 1.10 met | 2.00 missed | 2.73 met | 1.20 missed | - | - | 0.83 missed | 1 of 2 |"
+            in text), text
+    assert f"| {SHAPE} | - | - | - | - | 2.00 met | - | - | - |" in text
+    assert "| boundary.n8-K4096xN8 |" not in text.split("against the goals")[1]
+
+
 def test_later_file_wins_and_empty_input_is_an_error(bench_json: Path, tmp_path: Path) -> None:
     newer = write_json(tmp_path / "newer.json", [bench("matmul", "triton", 1, 5.0), bench("matmul", "dense", 1, 20.0)])
     out = tmp_path / "merged"
