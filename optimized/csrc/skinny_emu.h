@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -31,6 +32,7 @@
 #define __host__
 #define __global__
 #define __forceinline__ inline
+#define __grid_constant__
 #define __shared__ static  // blocks run one at a time, so a static is exactly one block's copy
 
 struct alignas(16) uint4 {
@@ -219,7 +221,17 @@ struct Fiber {
   unsigned tid = 0;
   const Barrier* waiting = nullptr;  // the barrier it waits at, until its phase moves on
   unsigned waiting_phase = 0;
+  const unsigned* waiting_mbar = nullptr;  // or the phase count of an mbarrier, until its parity
+  unsigned waiting_parity = 0;             // differs from this one
   bool done = false;
+};
+
+// An mbarrier: `expected` arrivals and `tx` bytes complete its phase; `phase` counts completed
+// phases.
+struct Mbarrier {
+  int expected = 0, pending = 0;
+  int64_t tx = 0;
+  unsigned phase = 0;
 };
 
 constexpr size_t kStackBytes = 256 * 1024;
@@ -234,6 +246,8 @@ struct Launch {
   const void* main_bottom = nullptr;
   size_t main_size = 0;
   Barrier block_sync;
+  Barrier named_sync[16];  // bar.sync id, count (id 0 is block_sync)
+  std::map<uint32_t, Mbarrier> mbarriers;  // by shared-memory offset
   std::vector<Warp> warps;
   std::vector<uint4> dynamic_shared;
   unsigned bid = 0, blocks = 0;
@@ -371,6 +385,89 @@ inline void wgmma_rs(float* d, int n, const uint32_t (&a)[4], uint64_t b, bool b
 inline void syncthreads() { arrive_and_wait(launch_state->block_sync); }
 inline void syncwarp() { arrive_and_wait(my_warp().sync); }
 
+// bar.sync id, threads: the first `threads` to arrive meet (named barriers of warp-specialized kernels).
+inline void named_sync(int id, int threads) {
+  Barrier& b = launch_state->named_sync[id];
+  b.expected = threads;
+  arrive_and_wait(b);
+}
+
+// mbarriers, by their shared-memory offset.
+inline Mbarrier& mbarrier(uint32_t offset) {
+  const auto found = launch_state->mbarriers.find(offset);
+  if (found == launch_state->mbarriers.end()) {
+    std::fprintf(stderr, "the emulated block %u used an mbarrier at shared offset %u before initializing it\n",
+                 launch_state->bid, offset);
+    std::_Exit(3);
+  }
+  return found->second;
+}
+
+inline void mbarrier_init(uint32_t offset, int count) {
+  launch_state->mbarriers[offset] = Mbarrier{count, count, 0, 0};
+}
+
+inline void mbarrier_settle(Mbarrier& m) {
+  if (m.pending == 0 && m.tx == 0) {
+    ++m.phase;
+    m.pending = m.expected;
+  }
+}
+
+// One arrival, after adding `tx` expected bytes (mbarrier.arrive.expect_tx; 0: mbarrier.arrive).
+inline void mbarrier_arrive(uint32_t offset, int64_t tx) {
+  Mbarrier& m = mbarrier(offset);
+  m.tx += tx;
+  --m.pending;
+  mbarrier_settle(m);
+}
+
+inline void mbarrier_complete_tx(uint32_t offset, int64_t bytes) {
+  Mbarrier& m = mbarrier(offset);
+  m.tx -= bytes;
+  mbarrier_settle(m);
+}
+
+// Until the phase of parity `parity` has completed (mbarrier.try_wait.parity in a loop).
+inline void mbarrier_wait(uint32_t offset, unsigned parity) {
+  const Mbarrier& m = mbarrier(offset);
+  if ((m.phase & 1u) != parity) return;
+  current->waiting_mbar = &m.phase;
+  current->waiting_parity = parity;
+  yield();
+}
+
+// A 2D tensor map as cuTensorMapEncodeTiled describes one: dims[0] elements of `element_bytes`
+// contiguous, dims[1] rows `stride` bytes apart; a box of box[0] x box[1] elements lands row by
+// row in shared memory, 16-byte chunk c of each 64- or 128-byte row (swizzle = 64 or 128; 0: none)
+// stored at c ^ (address bits 7.. of the chunk); elements outside dims read as zero.
+struct TensorMap {
+  const unsigned char* base;
+  int64_t dims[2];
+  int64_t stride;
+  int box[2];
+  int element_bytes;
+  int swizzle;
+};
+
+// cp.async.bulk.tensor.2d: the box at element (c0, c1) of `map` into shared memory at `dst`, done at
+// once, its bytes completing on the mbarrier at `mbar`.
+inline void tma_load_2d(uint32_t dst, const TensorMap& map, int c0, int c1, uint32_t mbar) {
+  unsigned char* smem = dynamic_shared<unsigned char>();
+  const int row_bytes = map.box[0] * map.element_bytes;
+  for (int r = 0; r < map.box[1]; ++r) {
+    for (int byte = 0; byte < row_bytes; ++byte) {
+      uint32_t at = static_cast<uint32_t>(r * row_bytes + byte);
+      if (map.swizzle == 128) at ^= ((at >> 7) & 7u) << 4;
+      if (map.swizzle == 64) at ^= ((at >> 7) & 3u) << 4;
+      const int64_t e0 = c0 + byte / map.element_bytes, e1 = c1 + r;
+      const bool inside = e0 >= 0 && e0 < map.dims[0] && e1 >= 0 && e1 < map.dims[1];
+      smem[dst + at] = inside ? map.base[e1 * map.stride + e0 * map.element_bytes + byte % map.element_bytes] : 0;
+    }
+  }
+  mbarrier_complete_tx(mbar, static_cast<int64_t>(row_bytes) * map.box[1]);
+}
+
 inline void fiber_entry() {
 #if W4EMU_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &launch_state->main_bottom, &launch_state->main_size);
@@ -399,6 +496,8 @@ inline void resume(Fiber& f) {
 // round, until all have finished.
 inline void run_block(Launch& l, int threads, int shared_bytes) {
   l.block_sync = Barrier{threads};
+  for (Barrier& b : l.named_sync) b = Barrier{};
+  l.mbarriers.clear();
   l.warps.assign(static_cast<size_t>(threads / 32), Warp{});
   for (Warp& w : l.warps) w.sync.expected = 32;
   // Dynamic shared memory starts as all-ones bits (NaN in both 16-bit types), so that a kernel
@@ -407,6 +506,7 @@ inline void run_block(Launch& l, int threads, int shared_bytes) {
   for (Fiber& f : l.fibers) {
     f.done = false;
     f.waiting = nullptr;
+    f.waiting_mbar = nullptr;
     new_context(f.context, f.stack, kStackBytes, fiber_entry);
   }
   for (;;) {
@@ -415,7 +515,9 @@ inline void run_block(Launch& l, int threads, int shared_bytes) {
       if (f.done) continue;
       all_done = false;
       if (f.waiting != nullptr && f.waiting->phase == f.waiting_phase) continue;
+      if (f.waiting_mbar != nullptr && (*f.waiting_mbar & 1u) == f.waiting_parity) continue;
       f.waiting = nullptr;
+      f.waiting_mbar = nullptr;
       resume(f);
       ran = true;
     }
@@ -424,17 +526,17 @@ inline void run_block(Launch& l, int threads, int shared_bytes) {
       int waiting = 0;
       for (const Fiber& f : l.fibers) waiting += f.done ? 0 : 1;
       std::fprintf(stderr, "the emulated block %u deadlocked: %d of its %d threads wait at a barrier that the others "
-                   "never reach (a warp's lanes disagree on a collective operation?)\n", l.bid, waiting, threads);
+                   "never reach, or at an mbarrier that never completes (a warp's lanes disagree on a collective operation?)\n", l.bid, waiting, threads);
       std::fflush(stderr);
       std::_Exit(3);
     }
   }
 }
 
-template <typename P>
-void launch(void (*kernel)(P), int blocks, int threads, const P& p, int shared_bytes = 0) {
+template <typename... P>
+void launch_args(void (*kernel)(P...), int blocks, int threads, int shared_bytes, const P&... p) {
   Launch l;
-  l.body = [kernel, &p] { kernel(p); };
+  l.body = [kernel, &p...] { kernel(p...); };
   l.blocks = static_cast<unsigned>(blocks);
   // Each stack with an inaccessible page below it, so that an overflow faults.
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -462,6 +564,11 @@ void launch(void (*kernel)(P), int blocks, int threads, const P& p, int shared_b
   launch_state = outer;
   current = nullptr;
   munmap(region, l.stacks_bytes);
+}
+
+template <typename P>
+void launch(void (*kernel)(P), int blocks, int threads, const P& p, int shared_bytes = 0) {
+  launch_args(kernel, blocks, threads, shared_bytes, p);
 }
 
 }  // namespace w4emu

@@ -59,6 +59,7 @@ constexpr int kStreamSlotUnits = 32 * kStreamPieceK / 32;  // 16-byte units a sl
 constexpr int kStreamMinBlocks = 2;                        // launch bounds: registers for two blocks an SM
 constexpr int kTileStages = 4;                             // the tile kernel's shared-memory stages
 constexpr int kWgmmaRows = 128;                            // the warpgroup kernel's rows: two warpgroups of 64
+constexpr int kWgmmaThreads = kBlockThreads + 128;         // its block: those two and a copy warpgroup
 // Shared memory the CUDA driver keeps for itself in each resident block (sm_80 and later).
 constexpr int kSharedReservePerBlock = 1024;
 
@@ -286,14 +287,19 @@ W4_HD constexpr int tile_shared_bytes(int m_tile) {
 // The warpgroup kernel's smallest default M (on an H100 the tile kernel was faster at M = 32 on 3 of
 // the 4 Llama-3.1-8B shapes and tied on the fourth, the warpgroup kernel faster on all 4 at every M
 // from 64 to 1024, by 1.12-1.59x), its M tile (the wgmma N), its stages (as many as fit in 227 KiB)
-// and its dynamic shared memory.
+// and its dynamic shared memory: the stages, then each stage's two mbarriers (full, empty).
 constexpr int kWgmmaMinM = 33;
+constexpr int kWgmmaBarrierBytes = 1024;
 W4_HD constexpr int wgmma_m(int m) { return m <= 64 ? 64 : 128; }
 W4_HD constexpr int wgmma_stage_bytes(int m_tile) {
   return kWgmmaRows * kStreamPieceK / 2 + m_tile * kStreamPieceK * 2;
 }
-W4_HD constexpr int wgmma_stages(int m_tile) { return 227 * 1024 / wgmma_stage_bytes(m_tile); }
-W4_HD constexpr int wgmma_shared_bytes(int m_tile) { return wgmma_stages(m_tile) * wgmma_stage_bytes(m_tile); }
+W4_HD constexpr int wgmma_stages(int m_tile) {
+  return (227 * 1024 - kWgmmaBarrierBytes) / wgmma_stage_bytes(m_tile);
+}
+W4_HD constexpr int wgmma_shared_bytes(int m_tile) {
+  return wgmma_stages(m_tile) * wgmma_stage_bytes(m_tile) + kWgmmaBarrierBytes;
+}
 
 // The M tile and rows of N of a tile or wgmma kernel's block for a call of m rows.
 struct BlockTile {

@@ -3,29 +3,41 @@
 // dequantized weights as its register operand A and x as its shared-memory operand B.
 //
 // Block: kWgmmaRows rows of N (two warpgroups of 64) times M_TILE rows of x, over the K range of
-// its split index as in the tile kernel. Per 128-k piece:
-//  1. packed weights and x arrive in one of wgmma_stages(M_TILE) shared-memory stages by cp.async;
+// its split index as in the tile kernel, plus a copy warpgroup. Per 128-k piece:
+//  1. one lane of the copy warpgroup loads packed weights and x into one of wgmma_stages(M_TILE)
+//     shared-memory stages by the tensor memory accelerator (TMA), completing the stage's "full"
+//     mbarrier;
 //  2. each thread loads its two A rows (quad and quad + 8 of its warp's 16) whole, and dequantizes
 //     byte t (lane = 4 quad + t) of every word, (q - z) * s rounded once to T: that byte holds k
 //     8c + 2t and 8c + 2t + 1 of word c, the A fragment's k (2t, 2t + 1) of step c / 2 (c even)
 //     or (2t + 8, 2t + 9) (c odd), so x keeps its k order;
-//  3. each warpgroup issues 8 wgmma m64nM_TILEk16 steps from those registers, and dequantizes the
-//     next piece into a second register set while they run.
+//  3. each warpgroup issues the piece's 8 wgmma m64nM_TILEk16 steps from those registers, and
+//     after each one dequantizes that step of the next piece into a second register set, so that
+//     the tensor cores and the dequantization overlap within the warp.
 // x is K-major with the 128-byte swizzle: 16-byte chunk c (of 8) of row m of a 64-k half is stored
-// at chunk c ^ (m % 8). Packed weights are staged [rows][4 units] with unit u of row r at
-// u ^ ((r / 2) % 4), so that 8 consecutive rows' loads of one unit hit 8 distinct 16-byte bank
-// groups.
+// at chunk c ^ (m % 8). Packed weights are staged [rows][4 units] with the 64-byte swizzle, unit u
+// of row r at u ^ ((r / 2) % 4), so that 8 consecutive rows' loads of one unit hit 8 distinct
+// 16-byte bank groups. Rows past n or m arrive as zeros (TMA bounds) and their outputs are not
+// stored.
 //
-// Order: a piece's copies are waited for by each thread, fenced to the asynchronous proxy and met
-// at a block barrier. A stage is refilled two pieces after it was consumed: by then every thread
-// has waited for its warpgroup's wgmma of that piece (wait_group 1 after each issue), which also
-// frees that piece's registers. Outputs go through shared memory to the tile kernel's
-// row-contiguous store; K-split partial sums are added in ks order.
+// Order: TMA writes and wgmma reads are both in the asynchronous proxy, so no proxy fence is
+// needed and no thread waits on another's copies. A warp releases a stage (its "empty" mbarrier)
+// once the waits of the next piece's steps have retired its warpgroup's wgmma of that stage, and
+// the copy lane refills it when all 8 warps have. Outputs go through shared memory to the tile
+// kernel's row-contiguous store; K-split partial sums are added in ks order.
 #pragma once
 
 #include "skinny_common.cuh"
 
 #if !W4_HIP
+#if !W4_EMU
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <stdexcept>
+#include <string>
+#endif
+
 namespace w4 {
 
 namespace detail {
@@ -54,15 +66,6 @@ __device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t units) {
   return (desc & 0xFFFFFFFF00000000ull) | (static_cast<uint32_t>(desc) + units);
 }
 
-// 16-byte unit of chunk c (< 8) of row r in a 128-byte swizzled half.
-__device__ __forceinline__ int swizzle128(int row, int chunk) { return 8 * row + (chunk ^ (row & 7)); }
-
-__device__ __forceinline__ void fence_proxy_async() {
-#if !W4_EMU
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ void wgmma_fence() {
 #if !W4_EMU
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -80,6 +83,14 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
 #if !W4_EMU
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Keeps the compiler from computing a (a wgmma's A fragment) before this point: after the wait
+// that retired the wgmma reading its registers.
+__device__ __forceinline__ void pin(uint32_t (&a)[4]) {
+#if !W4_EMU
+  asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3]));
 #endif
 }
 
@@ -162,10 +173,106 @@ __device__ __forceinline__ uint32_t neg_magic(uint32_t z) {
   }
 }
 
+
+// The tensor maps of a call: packed weights int32 [n][k / 8] in boxes of kWgmmaRows rows x 16
+// words (one piece) with the 64-byte swizzle, and x [m][k] (rows stride_xm apart) in boxes of M_TILE
+// rows x 64 k (half a piece) with the 128-byte swizzle. A kernel parameter (__grid_constant__).
+#if W4_EMU
+struct WgmmaMaps {
+  ::w4emu::TensorMap w, x;
+};
+#else
+struct WgmmaMaps {
+  CUtensorMap w, x;
+};
+#endif
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+#if W4_EMU
+  ::w4emu::mbarrier_init(shared_address(bar), count);
+#else
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
+#endif
+}
+
+// Makes this thread's mbarrier initializations visible to the TMA unit (a block barrier follows).
+__device__ __forceinline__ void fence_barrier_init() {
+#if !W4_EMU
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+#if W4_EMU
+  ::w4emu::mbarrier_arrive(shared_address(bar), 0);
+#else
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
+#endif
+}
+
+// An arrival that also expects `bytes` of copies to complete the phase.
+__device__ __forceinline__ void mbarrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
+#if W4_EMU
+  ::w4emu::mbarrier_arrive(shared_address(bar), bytes);
+#else
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+
+// Until the mbarrier's phase of this parity has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+#if W4_EMU
+  ::w4emu::mbarrier_wait(shared_address(bar), parity);
+#else
+  asm volatile(
+      "{\n.reg .pred done;\nwait:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra wait;\n}\n" ::"r"(
+          shared_address(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+// The box of `map` at element (c0, c1) into shared memory at dst, completing on `bar`.
+__device__ __forceinline__ void tma_load(void* dst, const WgmmaMaps& maps, bool x, int c0, int c1, uint64_t* bar) {
+#if W4_EMU
+  ::w4emu::tma_load_2d(shared_address(dst), x ? maps.x : maps.w, c0, c1, shared_address(bar));
+#else
+  const CUtensorMap* map = x ? &maps.x : &maps.w;
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          shared_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_address(bar))
+      : "memory");
+#endif
+}
+
+// This warpgroup's registers a thread, from the launch's even share (setmaxnreg; all its threads).
+template <int N, bool MORE>
+__device__ __forceinline__ void set_registers() {
+#if !W4_EMU
+  if constexpr (MORE) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+  }
+#endif
+}
+
+// A barrier of the two warpgroups alone (the copy warpgroup has returned).
+__device__ __forceinline__ void warpgroups_sync() {
+#if W4_EMU
+  ::w4emu::named_sync(1, kBlockThreads);
+#else
+  asm volatile("bar.sync 1, %0;" ::"n"(kBlockThreads) : "memory");
+#endif
+}
+
 }  // namespace detail
 
 template <typename T, int M_TILE, int G, bool SYM>
-__global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyParams p) {
+__global__ void W4_LAUNCH_BOUNDS(kWgmmaThreads, 1)
+    wgmma_kernel(const SkinnyParams p, const __grid_constant__ detail::WgmmaMaps maps) {
 #if W4_EMU || defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kRows = kWgmmaRows;
   constexpr int S = wgmma_stages(M_TILE);
@@ -174,58 +281,64 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyPara
   constexpr int kStageUnits = kWeightUnits + kXUnits;
   constexpr int kSteps = kStreamPieceK / 16;
   constexpr int kGroups = kStreamPieceK / G;  // groups of a row in a piece
-  static_assert(kBlockThreads == 2 * 128 && kWeightUnits % kBlockThreads == 0 && kXUnits % kBlockThreads == 0 &&
-                    (kWeightUnits * 16) % 1024 == 0 && (kStageUnits * 16) % 1024 == 0 && kStreamPieceK % G == 0,
-                "two warpgroups; whole copies a thread; 1024-byte aligned swizzled x; groups tile a piece");
+  // Registers a thread: the copy warpgroup gives its share to the two that dequantize and multiply
+  // (an SM sub-partition's 16384 holds a warp of each: 32 (40 + 2 x 232)).
+  constexpr int kCopyRegisters = 40, kMathRegisters = 232;
+  static_assert(kBlockThreads == 2 * 128 && kWgmmaThreads == kBlockThreads + 128 && (kWeightUnits * 16) % 1024 == 0 &&
+                    (kStageUnits * 16) % 1024 == 0 && kStreamPieceK % G == 0 && S >= 3 &&
+                    S * kStageUnits * 16 + 2 * S * 8 <= wgmma_shared_bytes(M_TILE),
+                "two warpgroups and a copy warpgroup; 1024-byte aligned swizzled stages; groups tile a piece; barriers fit");
 #if W4_EMU
   uint4* smem = ::w4emu::dynamic_shared<uint4>();
 #else
   extern __shared__ __align__(1024) uint4 smem[];
 #endif
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * kStageUnits);  // a stage's copies are in
+  uint64_t* empty = full + S;                                            // its wgmma are retired
 
   const detail::TileBlock block = detail::tile_block(p, kRows, M_TILE);
-  const int n0 = block.n0, m0 = block.m0, ks = block.ks, pb0 = block.pb0, count = block.count;
-  const int groups = p.k / G, kc = p.k / kLaneK;
+  const int n0 = block.n0, m0 = block.m0, pb0 = block.pb0, count = block.count;
+  const int groups = p.k / G;
   pdl_trigger();
-
-  // Copies of a stage, as in the tile kernel: rows past n or m read row n - 1 or m - 1. A thread's
-  // sources are fixed rows (a piece moves them along K), its destinations fixed units of a stage.
-  constexpr int kWeightCopies = kWeightUnits / kBlockThreads, kXCopies = kXUnits / kBlockThreads;
-  const uint4* wsrc[kWeightCopies];
-  const uint4* xsrc[kXCopies];
-  const int wc = threadIdx.x % 4, xc = threadIdx.x % 16;
-#pragma unroll
-  for (int i = 0; i < kWeightCopies; ++i) {
-    const int64_t row = min(n0 + (threadIdx.x + kBlockThreads * i) / 4, p.n - 1);
-    wsrc[i] = reinterpret_cast<const uint4*>(p.qweight) + row * kc + wc;
-  }
-#pragma unroll
-  for (int i = 0; i < kXCopies; ++i) {
-    const int64_t row = min(m0 + (threadIdx.x + kBlockThreads * i) / 16, p.m - 1);
-    xsrc[i] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + row * p.stride_xm) + xc;
-  }
-  // Copy i of a thread goes kBlockThreads / 4 weight rows (or / 16 x rows) after copy 0: a multiple
-  // of 8 rows, so its swizzled unit is copy 0's plus a constant.
-  const int wdst = 4 * (threadIdx.x / 4) + (wc ^ (threadIdx.x / 8 % 4));
-  const int xdst = kWeightUnits + xc / 8 * M_TILE * 8 + detail::swizzle128(threadIdx.x / 16, xc % 8);
-  auto issue_weights = [&](int f) {
-    if (f < count) {
-      uint4* stage = smem + f % S * kStageUnits + wdst;
-      const int off = (pb0 + f) * (kStreamPieceK / kLaneK);
-#pragma unroll
-      for (int i = 0; i < kWeightCopies; ++i) detail::cp_async16(stage + kBlockThreads * i, wsrc[i] + off);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      detail::mbarrier_init(full + s, 1);
+      detail::mbarrier_init(empty + s, kBlockThreads / 32);
     }
-  };
-  auto issue_x = [&](int f) {  // then closes piece f's copy group (an empty one past count)
-    if (f < count) {
-      uint4* stage = smem + f % S * kStageUnits + xdst;
-      const int off = (pb0 + f) * (kStreamPieceK / 8);
-#pragma unroll
-      for (int i = 0; i < kXCopies; ++i) detail::cp_async16(stage + 8 * (kBlockThreads / 16) * i, xsrc[i] + off);
-    }
-    detail::cp_async_commit();
-  };
+    detail::fence_barrier_init();
+  }
+  __syncthreads();
 
+  if (threadIdx.x >= kBlockThreads) {
+    detail::set_registers<kCopyRegisters, false>();
+    // The copy lane: the first S pieces' weights while the previous kernel drains, their x after
+    // pdl_wait, then each further piece once its stage's previous piece is released.
+    if (threadIdx.x == kBlockThreads) {
+      auto copy = [&](int f, bool weights, bool x) {
+        uint4* stage = smem + f % S * kStageUnits;
+        if (weights) detail::tma_load(stage, maps, false, (pb0 + f) * (kStreamPieceK / 8), n0, full + f % S);
+        if (x)
+          for (int h = 0; h < 2; ++h)
+            detail::tma_load(stage + kWeightUnits + h * M_TILE * 8, maps, true, (pb0 + f) * kStreamPieceK + 64 * h, m0,
+                             full + f % S);
+      };
+      const int early = min(count, S);
+      for (int f = 0; f < early; ++f) {
+        detail::mbarrier_arrive_expect(full + f, kStageUnits * 16);
+        copy(f, true, false);
+      }
+      pdl_wait();
+      for (int f = 0; f < early; ++f) copy(f, false, true);
+      for (int f = S; f < count; ++f) {
+        detail::mbarrier_wait(empty + f % S, (f / S - 1) & 1);
+        detail::mbarrier_arrive_expect(full + f % S, kStageUnits * 16);
+        copy(f, true, true);
+      }
+    }
+    return;
+  }
+
+  detail::set_registers<kMathRegisters, true>();
   // This thread's A rows: quad and quad + 8 of its warp's 16 of its warpgroup's 64.
   const int t = threadIdx.x % 4;
   const int row0 = static_cast<int>(threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4);
@@ -253,89 +366,89 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyPara
         zv[i][g] = SYM ? 8u : (W4_LDG(zsrc[i] + g0 + g) >> zshift[i]) & 0xFu;
       }
   };
-  auto to_pairs = [&](uint32_t (&sv)[2][kGroups], uint32_t (&zv)[2][kGroups]) {
+  // Piece f + 1's groups, loaded during piece f, as the pairs dequantization takes.
+  auto next_groups = [&](uint32_t (&sv)[2][kGroups], uint32_t (&zv)[2][kGroups]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
-        sv[i][g] *= 0x10001u;
-        zv[i][g] = detail::neg_magic<T>(zv[i][g]);
+        s2[i][g] = sv[i][g] * 0x10001u;
+        nz[i][g] = detail::neg_magic<T>(zv[i][g]);
       }
   };
-  if (count > 0) {
-    load_groups(0, s2, nz);
-    to_pairs(s2, nz);
-  }
-
-  // Weights may stream while the previous kernel drains; x only after pdl_wait.
-#pragma unroll
-  for (int f = 0; f < S - 2; ++f) issue_weights(f);
-  pdl_wait();
-#pragma unroll
-  for (int f = 0; f < S - 2; ++f) issue_x(f);
+  pdl_wait();  // y (and the partial sums) may still be read by the previous kernel
+  if (count <= 0) return;
 
   const uint64_t b_desc = detail::wgmma_descriptor(smem + kWeightUnits);
   float acc[M_TILE / 2] = {};
-  // One piece into the A registers `a`, which the wgmma of two pieces before no longer reads.
-  auto piece = [&](int e, uint32_t (&a)[kSteps][4]) {
-    detail::cp_async_wait<S - 3>();
-    detail::fence_proxy_async();
-    __syncthreads();  // piece e is in its stage; every warpgroup's wgmma of piece e - 2 is done
-    issue_weights(e + S - 2);
-    issue_x(e + S - 2);
-    uint32_t s_next[2][kGroups], z_next[2][kGroups];
-    load_groups(e + 1, s_next, z_next);
-
-    const uint4* stage = smem + e % S * kStageUnits + 4 * row0;
-    uint4 wv[2][4];  // rows row0 and row0 + 8: the same swizzle, 32 units apart
+  // Piece f's two A rows (row0 and row0 + 8: the same swizzle, 32 units apart) from its stage.
+  uint4 wv[2][4];
+  auto load_rows = [&](int f) {
+    const uint4* stage = smem + f % S * kStageUnits + 4 * row0;
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int u = 0; u < 4; ++u) wv[i][u] = stage[32 * i + (u ^ (row0 / 2 % 4))];
-    // Step c / 2 takes word c (c even: A k 2t, 2t + 1) and word c + 1 (k 2t + 8, 2t + 9) of both rows.
+  };
+  // Step `step` of the loaded piece into `a`: word c = 2 step (A k 2t, 2t + 1) and c + 1 (k 2t + 8,
+  // 2t + 9) of both rows.
+  auto dequant_step = [&](int step, uint32_t (&a)[4]) {
+    const int g = 16 * step / G;
 #pragma unroll
-    for (int step = 0; step < kSteps; ++step) {
-      const int g = 16 * step / G;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int i = j % 2, c = 2 * step + j / 2;
-        a[step][j] = detail::fragment_pair<T>(detail::word(wv[i][c / 4], c % 4), select, nz[i][g], s2[i][g]);
-      }
+    for (int j = 0; j < 4; ++j) {
+      const int i = j % 2, c = 2 * step + j / 2;
+      a[j] = detail::fragment_pair<T>(detail::word(wv[i][c / 4], c % 4), select, nz[i][g], s2[i][g]);
     }
-
+  };
+  auto wait_full = [&](int f) { detail::mbarrier_wait(full + f % S, (f / S) & 1); };
+  // Piece e's wgmma from `a` (dequantized during piece e - 1), step by step, each followed by step s
+  // of piece e + 1 into `b`: the wgmma that read b[s] (piece e - 1's step s) is retired by the wait
+  // for at most 8 pending groups, and the warp dequantizes while the tensor cores run.
+  auto piece = [&](int e, uint32_t (&a)[kSteps][4], uint32_t (&b)[kSteps][4]) {
+    if (e + 1 < count) wait_full(e + 1);
+    uint32_t s_next[2][kGroups], z_next[2][kGroups];
+    load_groups(e + 2, s_next, z_next);
+    load_rows(e + 1);
     // A descriptor's address field counts 16-byte units: a k16 step is 2 of them.
     const uint32_t b_units = e % S * kStageUnits;
-    detail::wgmma_fence();
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       const uint32_t units = b_units + step / 4 * M_TILE * 8 + 2 * (step % 4);
+      detail::wgmma_fence();  // b's writes of the step before are ordered before this wgmma
       detail::wgmma_rs<T, M_TILE>(acc, a[step], detail::advance(b_desc, units));
+      detail::wgmma_commit();
+      detail::wgmma_wait<kSteps>();
+      dequant_step(step, b[step]);
+      detail::pin(b[step]);
     }
-    detail::wgmma_commit();
-    detail::wgmma_wait<1>();
-    to_pairs(s_next, z_next);
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        s2[i][g] = s_next[i][g];
-        nz[i][g] = z_next[i][g];
-      }
+    // Every wgmma of piece e - 1 is retired: this warp is done with its stage.
+    if (e > 0 && threadIdx.x % 32 == 0) detail::mbarrier_arrive(empty + (e - 1) % S);
+    next_groups(s_next, z_next);
   };
-  // Two register sets in turn: a piece's wgmma reads its set until the wait of the next piece.
+  // Piece 0 into the first register set; then the two sets in turn.
   uint32_t a_even[kSteps][4], a_odd[kSteps][4];
+  {
+    uint32_t s_first[2][kGroups], z_first[2][kGroups], s_next[2][kGroups], z_next[2][kGroups];
+    load_groups(0, s_first, z_first);
+    load_groups(1, s_next, z_next);
+    next_groups(s_first, z_first);
+    wait_full(0);
+    load_rows(0);
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) dequant_step(step, a_even[step]);
+    next_groups(s_next, z_next);
+  }
   int e = 0;
   for (; e + 1 < count; e += 2) {
-    piece(e, a_even);
-    piece(e + 1, a_odd);
+    piece(e, a_even, a_odd);
+    piece(e + 1, a_odd, a_even);
   }
-  if (e < count) piece(e, a_even);
+  if (e < count) piece(e, a_even, a_odd);
   detail::wgmma_wait<0>();
   detail::fence_accumulators(acc);
 
-  // The block's sums [M_TILE][rows] over the stages, once every warp is done with them.
-  detail::cp_async_wait<0>();
-  __syncthreads();
+  // The block's sums [M_TILE][rows], once every warp's wgmma are done with the stages.
+  detail::warpgroups_sync();
   float* red = reinterpret_cast<float*>(smem);
   {
     const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, quad = threadIdx.x % 32 / 4;
@@ -345,12 +458,59 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) wgmma_kernel(const SkinnyPara
       for (int c = 0; c < 4; ++c)
         red[(8 * i + 2 * t + c % 2) * kRows + 64 * wg + 16 * warp + quad + 8 * (c / 2)] = acc[4 * i + c];
   }
-  __syncthreads();
-  detail::store_block_tile<T>(p, ks, red, kRows, M_TILE, n0, m0);
+  detail::warpgroups_sync();
+  detail::store_block_tile<T>(p, block.ks, red, kRows, M_TILE, n0, m0);
 #endif
 }
 
 namespace detail {
+
+#if W4_EMU
+inline WgmmaMaps wgmma_maps(const SkinnyParams& p, int m_tile) {
+  WgmmaMaps maps;
+  maps.w = {reinterpret_cast<const unsigned char*>(p.qweight), {p.k / 8, p.n}, p.k / 2, {16, kWgmmaRows}, 4, 64};
+  maps.x = {static_cast<const unsigned char*>(p.x), {p.k, p.m}, 2 * p.stride_xm, {64, m_tile}, 2, 128};
+  return maps;
+}
+#else
+// One 2D tensor map (cuTensorMapEncodeTiled through the runtime's driver entry point, so that the
+// extension needs no link to the driver library).
+inline void encode_map(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t cols, uint64_t rows,
+                       uint64_t row_bytes, uint32_t box_cols, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) throw std::runtime_error("the wgmma kernel needs cuTensorMapEncodeTiled, which this CUDA driver lacks");
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t unit[2] = {1, 1};
+  const CUresult r = encode(map, type, 2, const_cast<void*>(base), dims, strides, box, unit,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    throw std::runtime_error("cuTensorMapEncodeTiled failed (CUresult " + std::to_string(static_cast<int>(r)) +
+                             ") for a tensor of " + std::to_string(rows) + " rows x " + std::to_string(cols) +
+                             " elements, rows " + std::to_string(row_bytes) + " bytes apart");
+  }
+}
+
+inline WgmmaMaps wgmma_maps(const SkinnyParams& p, int m_tile) {
+  WgmmaMaps maps;
+  encode_map(&maps.w, CU_TENSOR_MAP_DATA_TYPE_UINT32, p.qweight, p.k / 8, p.n, p.k / 2, 16, kWgmmaRows,
+             CU_TENSOR_MAP_SWIZZLE_64B);
+  encode_map(&maps.x, CU_TENSOR_MAP_DATA_TYPE_UINT16, p.x, p.k, p.m, 2 * p.stride_xm, 64, m_tile,
+             CU_TENSOR_MAP_SWIZZLE_128B);
+  return maps;
+}
+#endif
 
 // The warpgroup kernel for the plan's M tile, then the reduction of its split.
 template <typename T>
@@ -358,10 +518,29 @@ void launch_wgmma(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream
   with_group(p, [&](auto g, auto sym) {
     constexpr int G = decltype(g)::value;
     constexpr bool SYM = decltype(sym)::value;
-    auto run = [&](auto kernel) { launch_planned(kernel, plan, p, stream); };
+    auto run = [&](auto kernel, int m_tile) {
+      const WgmmaMaps maps = wgmma_maps(p, m_tile);
+#if W4_EMU
+      (void)stream;
+      ::w4emu::launch_args(kernel, plan.blocks, kWgmmaThreads, plan.shared_bytes, p, maps);
+#else
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.shared_bytes);
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr.val.programmaticStreamSerializationAllowed = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(plan.blocks);
+      config.blockDim = dim3(kWgmmaThreads);
+      config.dynamicSmemBytes = plan.shared_bytes;
+      config.stream = stream;
+      config.attrs = &attr;
+      config.numAttrs = p.overlap == kOverlapNone ? 0 : 1;
+      cudaLaunchKernelEx(&config, kernel, p, maps);  // an error stays for the caller's launch check
+#endif
+    };
     switch (wgmma_m(p.m)) {
-      case 64: run(wgmma_kernel<T, 64, G, SYM>); break;
-      default: run(wgmma_kernel<T, 128, G, SYM>);
+      case 64: run(wgmma_kernel<T, 64, G, SYM>, 64); break;
+      default: run(wgmma_kernel<T, 128, G, SYM>, 128);
     }
   });
   launch_reduce<T>(p, stream);

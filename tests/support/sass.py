@@ -47,6 +47,10 @@ def loop_instructions(sass: str) -> list[str]:
     """The instructions inside the longest backward branch, in order, without their predicates."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in map(SASS_LINE.match, sass.splitlines()) if m]
     fallback = min((int(d.group(1), 16) for _, text in lines if (d := DIV_BRANCH.search(text))), default=None)
+    # ptxas places the retries of an mbarrier wait after the function's last EXIT, branching back.
+    last_exit = max((addr for addr, text in lines if text == "EXIT"), default=None)
+    if last_exit is not None:
+        fallback = last_exit if fallback is None else min(fallback, last_exit)
     loops = [(target, addr) for addr, text in lines
              if (b := BRANCH.search(text)) and b.group(1) and (target := int(b.group(1), 16)) < addr
              and (fallback is None or addr < fallback)]

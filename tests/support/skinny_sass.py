@@ -151,10 +151,11 @@ class Kernel:
     name: str          # the kernel template
     args: str          # mangled template arguments after T, with {g} and {sym} to fill in
     trip_weights: int  # weight elements per lane per trip of the main loop
+    params: str = "NS_12SkinnyParamsE"  # the mangled parameter types
 
     def mangled(self, dtype: str, group: int, symmetric: bool) -> str:
         t = "13__nv_bfloat16" if dtype == "bf16" else "6__half"
-        return f"_ZN2w4{len(self.name)}{self.name}I{t}{self.args.format(g=group, sym=int(symmetric))}EEvNS_12SkinnyParamsE"
+        return f"_ZN2w4{len(self.name)}{self.name}I{t}{self.args.format(g=group, sym=int(symmetric))}EEv{self.params}"
 
 
 def kernels() -> list[Kernel]:
@@ -179,7 +180,8 @@ def kernels() -> list[Kernel]:
         return Kernel(label, "skinny_tile", "tile_kernel", f"Li{m_tile}ELi{{g}}ELb{{sym}}E", 4 * lane_k)
 
     def wgmma(label: str, m_tile: int) -> Kernel:
-        return Kernel(label, "skinny_wgmma", "wgmma_kernel", f"Li{m_tile}ELi{{g}}ELb{{sym}}E", 4 * lane_k)
+        return Kernel(label, "skinny_wgmma", "wgmma_kernel", f"Li{m_tile}ELi{{g}}ELb{{sym}}E", 4 * lane_k,
+                      "NS_12SkinnyParamsENS_6detail9WgmmaMapsE")
 
     return [
         segment("segment_smem, M = 1", 1, 1, 0),
