@@ -290,7 +290,7 @@ W4_HD constexpr int tile_shared_bytes(int m_tile) {
 // and its dynamic shared memory: the stages, then each stage's two mbarriers (full, empty).
 constexpr int kWgmmaMinM = 33;
 constexpr int kWgmmaBarrierBytes = 1024;
-W4_HD constexpr int wgmma_m(int m) { return m <= 64 ? 64 : 128; }
+W4_HD constexpr int wgmma_m(int m) { return m <= 32 ? 32 : m <= 64 ? 64 : 128; }
 W4_HD constexpr int wgmma_stage_bytes(int m_tile) {
   return kWgmmaRows * kStreamPieceK / 2 + m_tile * kStreamPieceK * 2;
 }

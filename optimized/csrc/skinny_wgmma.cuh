@@ -117,6 +117,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 
 #define W4_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
     "+f"(d[i + 6]), "+f"(d[i + 7])
+#define W4_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define W4_R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
     "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define W4_R64 W4_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
@@ -129,6 +130,8 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
                  : __VA_ARGS__                                                                             \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                            \
   }
+W4_WGMMA(half_t, "f16", 32, W4_R16, "%16, %17, %18, %19", "%20", "%21", W4_D8(0), W4_D8(8))
+W4_WGMMA(bf16_t, "bf16", 32, W4_R16, "%16, %17, %18, %19", "%20", "%21", W4_D8(0), W4_D8(8))
 W4_WGMMA(half_t, "f16", 64, W4_R32, "%32, %33, %34, %35", "%36", "%37", W4_D8(0), W4_D8(8), W4_D8(16), W4_D8(24))
 W4_WGMMA(bf16_t, "bf16", 64, W4_R32, "%32, %33, %34, %35", "%36", "%37", W4_D8(0), W4_D8(8), W4_D8(16), W4_D8(24))
 W4_WGMMA(half_t, "f16", 128, W4_R64, "%64, %65, %66, %67", "%68", "%69", W4_D8(0), W4_D8(8), W4_D8(16), W4_D8(24),
@@ -138,6 +141,7 @@ W4_WGMMA(bf16_t, "bf16", 128, W4_R64, "%64, %65, %66, %67", "%68", "%69", W4_D8(
 #undef W4_WGMMA
 #undef W4_R64
 #undef W4_R32
+#undef W4_R16
 #undef W4_D8
 #endif
 
@@ -539,6 +543,7 @@ void launch_wgmma(const SkinnyParams& p, const SkinnyPlan& plan, stream_t stream
 #endif
     };
     switch (wgmma_m(p.m)) {
+      case 32: run(wgmma_kernel<T, 32, G, SYM>, 32); break;
       case 64: run(wgmma_kernel<T, 64, G, SYM>, 64); break;
       default: run(wgmma_kernel<T, 128, G, SYM>, 128);
     }
