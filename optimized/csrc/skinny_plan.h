@@ -284,10 +284,12 @@ W4_HD constexpr int tile_shared_bytes(int m_tile) {
   return kTileStages * (tile_block_rows(m_tile) * kStreamPieceK / 2 + m_tile * kStreamPieceK * 2);
 }
 
-// The warpgroup kernel's smallest default M (on an H100 the tile kernel was faster at M = 32 on 3 of
-// the 4 Llama-3.1-8B shapes and tied on the fourth, the warpgroup kernel faster on all 4 at every M
-// from 64 to 1024, by 1.12-1.59x), its M tile (the wgmma N), its stages (as many as fit in 227 KiB)
-// and its dynamic shared memory: the stages, then each stage's two mbarriers (full, empty).
+// The M from which the warpgroup kernel runs whatever its grid (on an H100 it was faster than the
+// tile kernel on the 4 Llama-3.1-8B shapes at every M from 64 to 1024, by 1.16-1.85x; at M = 32 on
+// the three whose grids take as many waves on both, by 0.99-1.11x, and 0.89x on the fourth, where
+// its grid takes two waves to the tile kernel's one), its M tile (the wgmma N), its stages (as many
+// as fit in 227 KiB) and its dynamic shared memory: the stages, then each stage's two mbarriers
+// (full, empty).
 constexpr int kWgmmaMinM = 33;
 constexpr int kWgmmaBarrierBytes = 1024;
 W4_HD constexpr int wgmma_m(int m) { return m <= 32 ? 32 : m <= 64 ? 64 : 128; }
@@ -343,20 +345,6 @@ W4_HD inline StreamLayout stream_layout(int m, int k, int group_size, bool sym, 
 // The plan's parts. Each takes the kernel that runs; plan_call below puts them together.
 
 namespace plan_detail {
-
-// The default kernel for an M on weights [n, k]: above kMaxM the wgmma kernel from kWgmmaMinM where
-// it runs, else the tile kernel; the persistent segmented kernel up to kSegMaxM (plan_call settles
-// it where it cannot run), above it the stream kernel from a K or a weight size on (it splits a long
-// K over blocks, which a few rows of long K need to fill the GPU), else the ring up to ring_max_m
-// and the batch kernel above.
-inline int default_kernel(int m, int n, int k, const SkinnyPolicy& policy, bool wgmma_runs) {
-  if (m > kMaxM) return wgmma_runs && m >= kWgmmaMinM ? kWgmma : kTile;
-  if (m <= kSegMaxM) return kSegmentPersistent;
-  const bool ring = m <= policy.ring_max_m;
-  const int64_t stream_from = ring ? policy.stream_min_weight_bytes_ring : policy.stream_min_weight_bytes_batch;
-  if (k >= policy.stream_min_k || static_cast<int64_t>(n) * k / 2 >= stream_from) return kStream;
-  return ring ? kRing : kBatch;
-}
 
 // Bytes of x the segmented kernels stage in shared memory at split 1: M_PAD rows of K 16-bit
 // values, where they fit under the policy's limit and beside the kernel's static shared memory;
@@ -520,6 +508,30 @@ inline int tile_split(int n, int m_call, int k, const DeviceLimits& d, int kerne
   return best_split;
 }
 
+// The default kernel for an M on weights [n, k]: above kMaxM the wgmma kernel where it runs, from
+// kWgmmaMinM or where its grid needs no more waves than the tile kernel's (below kWgmmaMinM its
+// blocks cover half the tile kernel's rows of N), else the tile kernel; the persistent segmented
+// kernel up to kSegMaxM (plan_call settles it where it cannot run), above it the stream kernel from
+// a K or a weight size on (it splits a long K over blocks, which a few rows of long K need to fill
+// the GPU), else the ring up to ring_max_m and the batch kernel above.
+inline int default_kernel(int m, int n, int k, const SkinnyPolicy& policy, const DeviceLimits& d, bool wgmma_runs) {
+  if (m > kMaxM) {
+    if (!wgmma_runs) return kTile;
+    auto waves = [&](int kernel) {
+      const auto [m_tile, rows] = block_tile(kernel, m);
+      const int64_t blocks = static_cast<int64_t>((n + rows - 1) / rows) * ((m + m_tile - 1) / m_tile) *
+                             tile_split(n, m, k, d, kernel);
+      return (blocks + d.num_sms - 1) / d.num_sms;
+    };
+    return m >= kWgmmaMinM || waves(kWgmma) <= waves(kTile) ? kWgmma : kTile;
+  }
+  if (m <= kSegMaxM) return kSegmentPersistent;
+  const bool ring = m <= policy.ring_max_m;
+  const int64_t stream_from = ring ? policy.stream_min_weight_bytes_ring : policy.stream_min_weight_bytes_batch;
+  if (k >= policy.stream_min_k || static_cast<int64_t>(n) * k / 2 >= stream_from) return kStream;
+  return ring ? kRing : kBatch;
+}
+
 // The persistent segmented kernel's grid: every SM's kMinBlocks blocks (fewer where there are fewer
 // row groups), each running its share of the row groups (kSegRowSets x M_PAD rows, all of K) with
 // the iterations split evenly over its warps, so that loads run on from one row group into the next
@@ -650,9 +662,9 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
   // Above kMaxM only the tile and wgmma kernels run: a request for another gets the default.
   const bool wgmma_runs = mma && k % kStreamPieceK == 0 && d.compute_capability == 90;
   const bool any_m = asked == kTile || asked == kWgmma;
-  int kernel = asked < 0 || (m > kMaxM && !any_m) ? default_kernel(m, n, k, policy, wgmma_runs) : asked;
+  int kernel = asked < 0 || (m > kMaxM && !any_m) ? default_kernel(m, n, k, policy, d, wgmma_runs) : asked;
   if (kernel == kWgmma && (!wgmma_runs || m <= kMaxM)) {
-    kernel = m > kMaxM ? kTile : default_kernel(m, n, k, policy, false);  // settled below like those
+    kernel = m > kMaxM ? kTile : default_kernel(m, n, k, policy, d, false);  // settled below like those
   }
   if (kernel == kTile && (!mma || k % kStreamPieceK != 0)) {
     if (m > kMaxM) {

@@ -253,12 +253,12 @@ def test_kernel_names_are_the_plan_enum(kernel, m, k, n, split):
 
 
 def test_a_forced_split_steers_only_the_kernel_it_was_asked_for():
-    """A split forced on a kernel that cannot run the call (segment at M = 17, where the tile kernel
+    """A split forced on a kernel that cannot run the call (segment at M = 17, where the wgmma kernel
     runs) leaves the kernel that runs its own plan's split; forced on the tile kernel, it is taken."""
     own = emulated_plan(17, 264, 2048, 128, False)
     settled = emulated_plan(17, 264, 2048, 128, False, kernel="segment", split=2)
     forced = emulated_plan(17, 264, 2048, 128, False, kernel="tile", split=2)
-    assert own.split != 2 and (settled.kernel, settled.split) == ("tile", own.split), (own, settled)
+    assert own.split != 2 and (settled.kernel, settled.split) == ("wgmma", own.split), (own, settled)
     assert (forced.kernel, forced.split) == ("tile", 2), forced
 
 
@@ -280,10 +280,13 @@ SETTLED = [
     ("ring-simt-M2-batch", dict(m=2, kernel="ring", engine="simt"), "batch"),
     ("tile-simt-M9-batch", dict(m=9, kernel="tile", engine="simt"), "batch"),
     ("tile-K-tail-M12-batch", dict(m=12, k=2016, group_size=32, kernel="tile"), "batch"),
-    ("ring-above-M16-tile", dict(m=17, kernel="ring"), "tile"),
+    ("ring-above-M16-gate-up-tile", dict(m=17, n=28672, k=4096, kernel="ring"), "tile"),
     ("batch-above-M16-wgmma", dict(m=130, kernel="batch"), "wgmma"),
     ("auto-M130-wgmma", dict(m=130), "wgmma"),
-    ("auto-M32-tile", dict(m=32), "tile"),
+    ("auto-M32-one-wave-wgmma", dict(m=32), "wgmma"),
+    ("auto-M32-down-wgmma", dict(m=32, n=4096, k=14336), "wgmma"),
+    ("auto-M32-gate-up-two-waves-tile", dict(m=32, n=28672, k=4096), "tile"),
+    ("auto-M32-sm80-tile", dict(m=32, device=(108, 32, 163 * 1024, 164 * 1024, 80)), "tile"),
     ("auto-M33-wgmma", dict(m=33), "wgmma"),
     ("tile-M64-tile", dict(m=64, kernel="tile"), "tile"),
     ("wgmma-M16-batch", dict(m=16, kernel="wgmma"), "batch"),
@@ -489,7 +492,8 @@ EMULATED = [
     ("wgmma", "mma", 64, 2048, 64, torch.bfloat16, False, 100, dict(num_sms=4), "wgmma"),
     # The default plan each side of M = 4 and ring_max_m, with and without zero points, where it
     # runs each kernel (the persistent grid on one SM, x in shared memory on 4 SMs, the stream
-    # kernel from stream_min_k) and the simt engine.
+    # kernel from stream_min_k, at M = 17 the wgmma kernel where its grid fits the tile kernel's
+    # waves and the tile kernel where it does not) and the simt engine.
     ("auto", "mma", 264, 2048, 128, torch.bfloat16, False, 1, dict(num_sms=1), "segment_persistent"),
     ("auto", "mma", 264, 2048, 128, torch.bfloat16, False, 1, dict(num_sms=4), "segment_smem"),
     ("auto", "mma", 264, 2048, 128, torch.float16, False, 4, {}, "segment"),
@@ -500,7 +504,8 @@ EMULATED = [
     ("auto", "mma", 264, 4096, 64, torch.float16, True, 16, {}, "batch"),
     ("auto", "mma", 264, 2016, 32, torch.bfloat16, False, 9, {}, "batch"),
     ("auto", "mma", 64, 6144, 128, torch.bfloat16, False, 12, {}, "stream"),
-    ("auto", "mma", 64, 1024, 128, torch.bfloat16, False, 17, {}, "tile"),
+    ("auto", "mma", 64, 1024, 128, torch.bfloat16, False, 17, {}, "wgmma"),
+    ("auto", "mma", 512, 512, 128, torch.float16, False, 17, dict(num_sms=2), "tile"),
     ("auto", "simt", 264, 2048, 128, torch.float16, True, 1, {}, "ring"),
     ("auto", "simt", 264, 2048, 128, torch.bfloat16, False, 3, {}, "batch"),
 ]
