@@ -285,11 +285,11 @@ W4_HD constexpr int tile_shared_bytes(int m_tile) {
 }
 
 // The M from which the warpgroup kernel runs whatever its grid (on an H100 it was faster than the
-// tile kernel on the 4 Llama-3.1-8B shapes at every M from 64 to 1024, by 1.16-1.85x; at M = 32 on
-// the three whose grids take as many waves on both, by 0.99-1.11x, and 0.89x on the fourth, where
-// its grid takes two waves to the tile kernel's one), its M tile (the wgmma N), its stages (as many
-// as fit in 227 KiB) and its dynamic shared memory: the stages, then each stage's two mbarriers
-// (full, empty).
+// tile kernel on the 4 Llama-3.1-8B shapes at every M from 64 to 1024, by 1.16-1.85x; at M = 17 and
+// 32 on the three whose grids take as many waves on both, by 0.96-1.12x (1.02x geometric mean), and
+// 0.89-0.90x on the fourth, where its grid takes two waves to the tile kernel's one), its M tile
+// (the wgmma N), its stages (as many as fit in 227 KiB) and its dynamic shared memory: the stages,
+// then each stage's two mbarriers (full, empty).
 constexpr int kWgmmaMinM = 33;
 constexpr int kWgmmaBarrierBytes = 1024;
 W4_HD constexpr int wgmma_m(int m) { return m <= 32 ? 32 : m <= 64 ? 64 : 128; }
