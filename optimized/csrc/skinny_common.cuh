@@ -580,15 +580,54 @@ __device__ __forceinline__ TileBlock tile_block(const SkinnyParams& p, int rows,
   return {nb * rows, mb * m_tile, ks, pb0, static_cast<int>(static_cast<int64_t>(ks + 1) * total / p.split) - pb0};
 }
 
-// A block's output tile from shared memory, red [m_tile][block_rows] fp32 (row-contiguous y or
-// partial sums), rows from n0 and columns from m0 cut at n and m.
+// The row stride (in floats) of a tile or wgmma block's sums in shared memory: its rows of N plus
+// 4, so that the mma fragments' stores (lanes t = 0..3 of a quad on columns 2t, 2t + 1) fall in
+// distinct banks.
+__host__ __device__ constexpr int red_stride(int block_rows) { return block_rows + 4; }
+
+// A block's output tile from shared memory, red [m_tile][red_stride(block_rows)] fp32, rows from n0
+// and columns from m0 cut at n and m: y (plus bias, rounded once) at split 1, else the partial sums
+// of split index ks. Each thread owns 8 consecutive rows of N, its bias loaded once, and stores
+// them for every (kBlockThreads / (block_rows / 8))-th column as one 16-byte store of y (two of
+// partial sums) where the rows are whole and 16-byte aligned (n % 8 == 0), else one by one.
 template <typename T>
 __device__ __forceinline__ void store_block_tile(const SkinnyParams& p, int ks, const float* red, int block_rows,
                                                  int m_tile, int n0, int m0) {
   const int rows = min(block_rows, p.n - n0), ms = min(m_tile, p.m - m0);
-  for (int idx = threadIdx.x; idx < rows * ms; idx += kBlockThreads) {
-    const int ml = idx / rows, r = idx - ml * rows;
-    store_split_output<T>(p, ks, m0 + ml, n0 + r, red[ml * block_rows + r]);
+  const int chunks = block_rows / 8, r0 = 8 * (static_cast<int>(threadIdx.x) % chunks);
+  if (r0 >= rows) return;
+  const int width = min(8, rows - r0);
+  const bool whole = width == 8 && p.n % 8 == 0;
+  float bias[8] = {};
+  if (p.split == 1 && p.bias != nullptr) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < width) bias[j] = bits_to_float<T>(load_bias(static_cast<const unsigned short*>(p.bias) + n0 + r0 + j));
+  }
+  for (int ml = static_cast<int>(threadIdx.x) / chunks; ml < ms; ml += kBlockThreads / chunks) {
+    const uint4* src = reinterpret_cast<const uint4*>(red + ml * red_stride(block_rows) + r0);
+    const uint4 lo = src[0], hi = src[1];
+    const uint32_t bits[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    const int64_t o = static_cast<int64_t>(m0 + ml) * p.n + n0 + r0;
+    if (p.split > 1) {
+      float* dst = p.partials + static_cast<int64_t>(ks) * p.m * p.n + o;
+      if (whole) {
+        reinterpret_cast<uint4*>(dst)[0] = lo;
+        reinterpret_cast<uint4*>(dst)[1] = hi;
+      } else {
+        for (int j = 0; j < width; ++j) dst[j] = __uint_as_float(bits[j]);
+      }
+      continue;
+    }
+    alignas(16) T out[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = from_float<T>(__uint_as_float(bits[j]) + bias[j]);
+    T* dst = static_cast<T*>(p.y) + o;
+    if (whole) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
+    } else {
+      for (int j = 0; j < width; ++j) dst[j] = out[j];
+    }
   }
 }
 

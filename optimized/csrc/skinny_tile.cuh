@@ -148,11 +148,13 @@ __global__ void W4_LAUNCH_BOUNDS(kBlockThreads, 1) tile_kernel(const SkinnyParam
     }
   }
 
-  // The block's sums [M_TILE][rows] over the stages, once every warp is done with them.
+  // The block's sums [M_TILE][red_stride(rows)] over the stages, once every warp is done with them.
+  constexpr int kRed = detail::red_stride(kRows);
+  static_assert(M_TILE * kRed * 4 <= tile_shared_bytes(M_TILE), "the sums fit the stages");
   detail::cp_async_wait<0>();
   __syncthreads();
   float* red = reinterpret_cast<float*>(smem);
-  detail::store_fragments(acc, red + WM * wm * kRows + 32 * wn, 1, kRows, quad, t);
+  detail::store_fragments(acc, red + WM * wm * kRed + 32 * wn, 1, kRed, quad, t);
   __syncthreads();
   detail::store_block_tile<T>(p, ks, red, kRows, M_TILE, n0, m0);
 }

@@ -451,7 +451,9 @@ __global__ void W4_LAUNCH_BOUNDS(kWgmmaThreads, 1)
   detail::wgmma_wait<0>();
   detail::fence_accumulators(acc);
 
-  // The block's sums [M_TILE][rows], once every warp's wgmma are done with the stages.
+  // The block's sums [M_TILE][red_stride(rows)], once every warp's wgmma are done with the stages.
+  constexpr int kRed = detail::red_stride(kRows);
+  static_assert(M_TILE * kRed * 4 <= S * kStageUnits * 16, "the sums fit the stages");
   detail::warpgroups_sync();
   float* red = reinterpret_cast<float*>(smem);
   {
@@ -460,7 +462,7 @@ __global__ void W4_LAUNCH_BOUNDS(kWgmmaThreads, 1)
     for (int i = 0; i < M_TILE / 8; ++i)
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        red[(8 * i + 2 * t + c % 2) * kRows + 64 * wg + 16 * warp + quad + 8 * (c / 2)] = acc[4 * i + c];
+        red[(8 * i + 2 * t + c % 2) * kRed + 64 * wg + 16 * warp + quad + 8 * (c / 2)] = acc[4 * i + c];
   }
   detail::warpgroups_sync();
   detail::store_block_tile<T>(p, block.ks, red, kRows, M_TILE, n0, m0);

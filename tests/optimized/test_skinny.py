@@ -476,20 +476,24 @@ EMULATED = [
     ("stream", "mma", 64, 2048, 32, torch.float16, True, 2, {}, "stream"),
     # tile: every M tile (16 with its G = 128 sums scaled after the mma, 32, 64, and 128 with two
     # warps along M and several M tiles), rows past n and m, K split across blocks unevenly, G = 32
-    # and 64, a padded x row stride and a misaligned scale view; its own split plan on 4 SMs.
+    # and 64, a padded x row stride and a misaligned scale view; its own split plan on 4 SMs; an N
+    # that is no multiple of 8 (outputs stored one by one).
     ("tile", "mma", 264, 1024, 128, torch.bfloat16, False, 16, dict(split=1), "tile"),
     ("tile", "mma", 264, 1024, 32, torch.float16, False, 20, dict(split=3, row_pad=24), "tile"),
     ("tile", "mma", 200, 512, 64, torch.bfloat16, True, 64, dict(split=2, scale_offset=1), "tile"),
     ("tile", "mma", 136, 512, 128, torch.float16, True, 130, dict(split=1), "tile"),
     ("tile", "mma", 64, 2048, 64, torch.bfloat16, False, 40, dict(num_sms=4), "tile"),
+    ("tile", "mma", 36, 1024, 128, torch.bfloat16, True, 20, dict(split=2), "tile"),
     # wgmma: every M tile (32, 64, 128 and several M tiles), rows past n (a block is 128) and m, K
     # split across blocks unevenly, G = 32 and 64, a padded x row stride and a misaligned scale view;
-    # its own split plan on 4 SMs.
+    # its own split plan on 4 SMs; an N that is no multiple of 8, with and without a split.
     ("wgmma", "mma", 264, 1024, 128, torch.bfloat16, False, 17, dict(split=1), "wgmma"),
     ("wgmma", "mma", 200, 1024, 32, torch.float16, False, 40, dict(split=3, row_pad=24), "wgmma"),
     ("wgmma", "mma", 136, 512, 64, torch.bfloat16, True, 64, dict(split=2, scale_offset=1), "wgmma"),
     ("wgmma", "mma", 128, 512, 128, torch.float16, True, 130, dict(split=1), "wgmma"),
     ("wgmma", "mma", 64, 2048, 64, torch.bfloat16, False, 100, dict(num_sms=4), "wgmma"),
+    ("wgmma", "mma", 36, 512, 128, torch.float16, True, 40, {}, "wgmma"),
+    ("wgmma", "mma", 36, 1024, 64, torch.bfloat16, True, 70, dict(split=3), "wgmma"),
     # The default plan each side of M = 4 and ring_max_m, with and without zero points, where it
     # runs each kernel (the persistent grid on one SM, x in shared memory on 4 SMs, the stream
     # kernel from stream_min_k, at M = 17 the wgmma kernel where its grid fits the tile kernel's
