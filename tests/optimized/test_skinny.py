@@ -116,6 +116,20 @@ def test_wgmma_loop_issues_warpgroup_mma_within_budget(sm90, dtype):
         assert cost["per_weight"] <= 4.8, (kernel.label, cost)
 
 
+@pytest.mark.parametrize("unit", ["skinny_tile", "skinny_wgmma"])
+def test_block_tiles_store_outputs_sixteen_bytes_at_a_time(sm90, unit):
+    """The tile and wgmma kernels' blocks store y as 8 outputs a thread in one 16-byte store (and
+    partial sums in two), the element-by-element stores being the tail of a row that is no multiple
+    of 8: one 2-byte store per output, with its index arithmetic, took a quarter of the wgmma
+    kernel's issue slots at M = 1024 on an H100."""
+    ops = skinny_sass.kernel_memory_ops(sm90 / f"{unit}.o")
+    kernels = {name: stores for name, stores in ops.items() if "_kernelI" in name and "reduce" not in name}
+    assert kernels, f"no tile or wgmma kernel in {unit}"
+    for name, memory in kernels.items():
+        stores = [op for op in memory if op.startswith("STG")]
+        assert stores.count("STG.E.128") >= 3, (name, stores)
+
+
 @pytest.mark.parametrize("case", ["bf16-G32-sym", "bf16-G128-asym", "fp16-G64-asym", "fp16-G128-sym"])
 def test_wgmma_registers_stay_untouched_while_the_tensor_cores_read_them(sm90, case):
     """No instruction of either M tile's main loop writes an A register of an HGMMA that may still

@@ -197,7 +197,7 @@ def kernels() -> list[Kernel]:
         tile("tile, M = 17..32", 32),
         tile("tile, M = 33..64 off compute capability 9.0", 64),
         tile("tile, M = 65 on (M tiles of 128) off compute capability 9.0", 128),
-        wgmma("wgmma, M = 17..32 (forced) on compute capability 9.0", 32),
+        wgmma("wgmma, M = 17..32 on compute capability 9.0 where its grid takes the tile kernel's waves", 32),
         wgmma("wgmma, M = 33..64 on compute capability 9.0", 64),
         wgmma("wgmma, M = 65 on (M tiles of 128) on compute capability 9.0", 128),
     ]
