@@ -311,6 +311,12 @@ W4_HD constexpr BlockTile block_tile(int kernel, int m) {
   return kernel == kWgmma ? BlockTile{wgmma_m(m), kWgmmaRows} : BlockTile{tile_m(m), tile_block_rows(tile_m(m))};
 }
 
+// The blocks of a tile or wgmma kernel's grid for a call of m rows on weights of n rows at a split.
+W4_HD constexpr int64_t tile_blocks(int kernel, int n, int m, int split) {
+  const BlockTile b = block_tile(kernel, m);
+  return static_cast<int64_t>((n + b.rows - 1) / b.rows) * ((m + b.m_tile - 1) / b.m_tile) * split;
+}
+
 struct StreamLayout {
   int stages;                  // ring slots per warp
   int warps_n, warps_k, rows;  // rows = 32 warps_n
@@ -488,7 +494,7 @@ inline int tile_split(int n, int m_call, int k, const DeviceLimits& d, int kerne
   const int64_t m_blocks = (m_call + m_tile - 1) / m_tile;
   const double flops_per_us = kernel == kWgmma ? 6.0e8 : 4.0e8;
   const int total = k / kStreamPieceK;
-  const int64_t tiles = (n + rows - 1) / rows * m_blocks;
+  const int64_t tiles = tile_blocks(kernel, n, m_call, 1);
   const int64_t slots = d.num_sms;  // one block an SM: its registers (launch bounds) allow no more
   const double piece_bytes = static_cast<double>(slots) * rows * kStreamPieceK / 2;
   const double piece_flops = static_cast<double>(slots) * rows * kStreamPieceK * m_tile * 2;
@@ -518,10 +524,7 @@ inline int default_kernel(int m, int n, int k, const SkinnyPolicy& policy, const
   if (m > kMaxM) {
     if (!wgmma_runs) return kTile;
     auto waves = [&](int kernel) {
-      const auto [m_tile, rows] = block_tile(kernel, m);
-      const int64_t blocks = static_cast<int64_t>((n + rows - 1) / rows) * ((m + m_tile - 1) / m_tile) *
-                             tile_split(n, m, k, d, kernel);
-      return (blocks + d.num_sms - 1) / d.num_sms;
+      return (tile_blocks(kernel, n, m, tile_split(n, m, k, d, kernel)) + d.num_sms - 1) / d.num_sms;
     };
     return m >= kWgmmaMinM || waves(kWgmma) <= waves(kTile) ? kWgmma : kTile;
   }
@@ -745,7 +748,7 @@ inline SkinnyPlan plan_call(const PlanRequest& r, const SkinnyPolicy& policy, co
         return fail(std::string("the ") + kKernelNames[kernel] + " kernel at M=" + num(m) + " needs " +
                     num(plan.shared_bytes) + " bytes of shared memory a block, the device allows " + num(d.max_shared));
       }
-      const int64_t blocks = static_cast<int64_t>((n + rows - 1) / rows) * ((m + m_tile - 1) / m_tile) * plan.split;
+      const int64_t blocks = tile_blocks(kernel, n, m, plan.split);
       if (blocks > INT32_MAX) {
         return fail(std::string("the ") + kKernelNames[kernel] + " kernel's grid of " + num(blocks) +
                     " blocks is over 2^31 - 1");
