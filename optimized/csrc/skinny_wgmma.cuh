@@ -370,7 +370,7 @@ __global__ void W4_LAUNCH_BOUNDS(kWgmmaThreads, 1)
         zv[i][g] = SYM ? 8u : (W4_LDG(zsrc[i] + g0 + g) >> zshift[i]) & 0xFu;
       }
   };
-  // Piece f + 1's groups, loaded during piece f, as the pairs dequantization takes.
+  // Loaded groups as the pairs dequantization takes: piece e + 2's at the end of piece e.
   auto next_groups = [&](uint32_t (&sv)[2][kGroups], uint32_t (&zv)[2][kGroups]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -407,11 +407,14 @@ __global__ void W4_LAUNCH_BOUNDS(kWgmmaThreads, 1)
   auto wait_full = [&](int f) { detail::mbarrier_wait(full + f % S, (f / S) & 1); };
   // Piece e's wgmma from `a` (dequantized during piece e - 1), step by step, each followed by step s
   // of piece e + 1 into `b`: the wgmma that read b[s] (piece e - 1's step s) is retired by the wait
-  // for at most 8 pending groups, and the warp dequantizes while the tensor cores run.
-  auto piece = [&](int e, uint32_t (&a)[kSteps][4], uint32_t (&b)[kSteps][4]) {
+  // for at most 8 pending groups, and the warp dequantizes while the tensor cores run. The scales and
+  // zeros of piece e + 3 are loaded into (ls, lz) and those of piece e + 2, loaded a piece earlier,
+  // converted from (cs, cz): two pieces' time hides their global-load latency, which one piece's
+  // does not.
+  auto piece = [&](int e, uint32_t (&a)[kSteps][4], uint32_t (&b)[kSteps][4], uint32_t (&ls)[2][kGroups],
+                   uint32_t (&lz)[2][kGroups], uint32_t (&cs)[2][kGroups], uint32_t (&cz)[2][kGroups]) {
     if (e + 1 < count) wait_full(e + 1);
-    uint32_t s_next[2][kGroups], z_next[2][kGroups];
-    load_groups(e + 2, s_next, z_next);
+    load_groups(e + 3, ls, lz);
     load_rows(e + 1);
     // A descriptor's address field counts 16-byte units: a k16 step is 2 of them.
     const uint32_t b_units = e % S * kStageUnits;
@@ -427,14 +430,16 @@ __global__ void W4_LAUNCH_BOUNDS(kWgmmaThreads, 1)
     }
     // Every wgmma of piece e - 1 is retired: this warp is done with its stage.
     if (e > 0 && threadIdx.x % 32 == 0) detail::mbarrier_arrive(empty + (e - 1) % S);
-    next_groups(s_next, z_next);
+    next_groups(cs, cz);
   };
   // Piece 0 into the first register set; then the two sets in turn.
   uint32_t a_even[kSteps][4], a_odd[kSteps][4];
+  uint32_t rs[2][2][kGroups], rz[2][2][kGroups];
   {
     uint32_t s_first[2][kGroups], z_first[2][kGroups], s_next[2][kGroups], z_next[2][kGroups];
     load_groups(0, s_first, z_first);
     load_groups(1, s_next, z_next);
+    load_groups(2, rs[0], rz[0]);
     next_groups(s_first, z_first);
     wait_full(0);
     load_rows(0);
@@ -444,10 +449,10 @@ __global__ void W4_LAUNCH_BOUNDS(kWgmmaThreads, 1)
   }
   int e = 0;
   for (; e + 1 < count; e += 2) {
-    piece(e, a_even, a_odd);
-    piece(e + 1, a_odd, a_even);
+    piece(e, a_even, a_odd, rs[1], rz[1], rs[0], rz[0]);
+    piece(e + 1, a_odd, a_even, rs[0], rz[0], rs[1], rz[1]);
   }
-  if (e < count) piece(e, a_even, a_odd);
+  if (e < count) piece(e, a_even, a_odd, rs[1], rz[1], rs[0], rz[0]);
   detail::wgmma_wait<0>();
   detail::fence_accumulators(acc);
 
