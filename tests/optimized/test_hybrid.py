@@ -109,13 +109,15 @@ def on(monkeypatch, platform: Platform) -> None:
 # 1. routing table
 
 
-def expected_impl(platform: Platform, m: int, group_size: int, has_dense: bool) -> str:
+def expected_impl(platform: Platform, m: int, k: int, group_size: int, has_dense: bool) -> str:
     """The routing rule restated independently of dispatch: the first of PRIORITY that can run
-    the call here and is the fast choice by the measured thresholds."""
+    the call here and is the fast choice by the measured thresholds. Above MAX_M the skinny op
+    runs only on CUDA and only for K a multiple of TILE_K."""
     t = dispatch.thresholds_for(platform.name)
     if has_dense and m >= t.dense_min_m:
         return "dense"
-    if (platform.kind in ("cuda", "rocm") and platform.skinny[0] and m <= min(t.skinny_max_m, skinny.MAX_M)
+    skinny_fits = m <= skinny.MAX_M or (platform.kind == "cuda" and k % skinny.TILE_K == 0)
+    if (platform.kind in ("cuda", "rocm") and platform.skinny[0] and m <= t.skinny_max_m and skinny_fits
             and group_size in skinny.GROUP_SIZES):
         return "skinny"
     if platform.kind in ("cuda", "rocm") and platform.triton[0] and m >= t.transient_min_m:
@@ -156,8 +158,8 @@ ROUTING_PROBLEMS = [(k, n, dtype) for k, n in ((128, 20), (512, 256)) for dtype 
 def test_routes_by_m_platform_and_priority(ran, monkeypatch, pname, m, group_size, dense_cache):
     platform = PLATFORMS[pname]
     on(monkeypatch, platform)
-    want = expected_impl(platform, m, group_size, dense_cache)
-    for k, n, dtype in ROUTING_PROBLEMS:
+    wants = [expected_impl(platform, m, k, group_size, dense_cache) for k, _, _ in ROUTING_PROBLEMS]
+    for (k, n, dtype), want in zip(ROUTING_PROBLEMS, wants):
         pw = prepared(k, n, group_size, dtype, dense_cache)
         y = matmul(torch.zeros(m, k, dtype=dtype), pw)
         assert y.shape == (m, n) and y.dtype == dtype
@@ -166,7 +168,7 @@ def test_routes_by_m_platform_and_priority(ran, monkeypatch, pname, m, group_siz
         # Every implementation ahead of the chosen one was considered and passed over, with a reason.
         assert [name for name, _ in choice.rejected] == list(PRIORITY[:PRIORITY.index(want)])
         assert all(why for _, why in choice.rejected)
-    assert [r.name for r in ran] == [want] * len(ROUTING_PROBLEMS)
+    assert [r.name for r in ran] == wants
 
 
 def test_dispatch_priority_is_the_designed_one():
@@ -250,7 +252,7 @@ def test_forced_impl_that_cannot_run_raises_with_the_reason(ran, monkeypatch, so
 
 
 @pytest.mark.parametrize("source", ("arg", "env"))
-@pytest.mark.parametrize("m", (skinny.MAX_M + 1, 4096), ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("m", (dispatch.thresholds_for("NVIDIA H200").skinny_max_m + 1, 4096), ids=lambda m: f"M{m}")
 def test_forced_skinny_runs_above_its_auto_range_on_cuda(ran, monkeypatch, source, m):
     """Above skinny_max_m auto routing never takes skinny, but on CUDA with K % TILE_K == 0 the tile
     kernel can run any M, so forcing it runs skinny (the M-over-limit rows above are the calls it
@@ -327,7 +329,8 @@ def test_routine_routing_is_not_a_warning(ran, monkeypatch, caplog):
     on(monkeypatch, PLATFORMS["h200"])
     dispatch._warn_unavailable.cache_clear()
     caplog.set_level(logging.DEBUG, logger="optimized.hybrid")
-    matmul(torch.zeros(64, 128, dtype=torch.float16), prepared(128, 20, 32, torch.float16, False))
+    m = dispatch.thresholds_for("NVIDIA H200").skinny_max_m + 1
+    matmul(torch.zeros(m, 128, dtype=torch.float16), prepared(128, 20, 32, torch.float16, False))
     assert [r.name for r in ran] == ["triton"]
     hybrid_records = [r for r in caplog.records if r.name == "optimized.hybrid"]
     assert not [r for r in hybrid_records if r.levelno >= logging.WARNING]
