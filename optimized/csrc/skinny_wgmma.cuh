@@ -409,8 +409,7 @@ __global__ void W4_LAUNCH_BOUNDS(kWgmmaThreads, 1)
   // of piece e + 1 into `b`: the wgmma that read b[s] (piece e - 1's step s) is retired by the wait
   // for at most 8 pending groups, and the warp dequantizes while the tensor cores run. The scales and
   // zeros of piece e + 3 are loaded into (ls, lz) and those of piece e + 2, loaded a piece earlier,
-  // converted from (cs, cz): two pieces' time hides their global-load latency, which one piece's
-  // does not.
+  // converted from (cs, cz), so that two pieces' time rather than one covers their load latency.
   auto piece = [&](int e, uint32_t (&a)[kSteps][4], uint32_t (&b)[kSteps][4], uint32_t (&ls)[2][kGroups],
                    uint32_t (&lz)[2][kGroups], uint32_t (&cs)[2][kGroups], uint32_t (&cz)[2][kGroups]) {
     if (e + 1 < count) wait_full(e + 1);
