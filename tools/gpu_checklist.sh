@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checklist as pytest invocations, one part per argument; writes only under $OUT.
 #
-#   bash tools/gpu_checklist.sh parity gpu-tests sanitize bench fit model
-#   OUT=/tmp/h200 bash tools/gpu_checklist.sh bench fit    # the device's report and policy evidence
+#   bash tools/gpu_checklist.sh parity gpu-tests sanitize bench sweep fit model
+#   OUT=/tmp/h200 bash tools/gpu_checklist.sh bench sweep fit    # the device's report and policy evidence
 #
 # parity     the oracle's plugin on optimized.specs:triton, :skinny and :hybrid, tier full, -n 2
 # gpu-tests  the GPU tests: test_gpu_reliability.py, test_skinny_gpu.py, the -m gpu cells of
 #            test_linear.py and test_model.py, test_fuzz.py (W4A16_FUZZ, default long)
 # sanitize   compute-sanitizer memcheck and racecheck around the -m sanitize selections
-# bench      the benchmark matrix -> $OUT/bench.json and $OUT/report/; then the tuning sweep
-#            (triton, skinny, dense, triton@all, skinny@all at every M) -> $OUT/sweep.json
+# bench      the benchmark matrix -> $OUT/bench.json and $OUT/report/
+# sweep      the tuning sweep (triton, skinny, transient, dense, triton@all, skinny@all at every M)
+#            -> $OUT/sweep.json
 # fit        python3 -m tools.fit_policy on those: $OUT/fit/ and the proposed policy file
 #            $OUT/fit/<device>.json (copy it to optimized/policies/ to adopt it)
 # model      the end-to-end Llama-3.1-8B run (python3 -m tests.benchmarks.model_e2e) ->
@@ -17,7 +18,8 @@
 #            Needs transformers: carry its wheels in .whl/ (docs/model.md lists them).
 #
 # Environment: OUT (default: a new temporary folder), W4A16_FUZZ (gpu-tests), BENCH_BUDGET_S and
-# SWEEP_BUDGET_S (seconds each benchmark run may start cells for, default 480), SWEEP_PROVIDERS,
+# SWEEP_BUDGET_S (seconds each benchmark run may start cells for, default 420: with the build, each
+# part fits in one 10-minute command on a lent device), SWEEP_PROVIDERS,
 # SWEEP_M, SWEEP_SHAPES (the sweep's selection), MODEL_ARGS (extra model_e2e arguments). gemlite
 # is a peer only when importable: put its wheel in .whl/ (`pip wheel --no-deps gemlite==0.6.0.post2`)
 # and it is installed under $OUT.
@@ -95,22 +97,25 @@ part_bench() {
 print(golden_path(torch.cuda.get_device_name()))") || return
   [ -e "$out/golden.json" ] || { [ -e "$golden" ] && cp "$golden" "$out/golden.json"; }
   # The report's run: every provider, the default cells, goldens compared and merged into a copy.
-  W4A16_BENCH_BUDGET_S=${BENCH_BUDGET_S:-480} "${pytest[@]}" tests/benchmarks/test_decode_block.py \
+  W4A16_BENCH_BUDGET_S=${BENCH_BUDGET_S:-420} "${pytest[@]}" tests/benchmarks/test_decode_block.py \
     tests/benchmarks/test_matmul.py --benchmark-only --bench-golden "$out/golden.json" --update-golden \
     --benchmark-json="$out/bench.json" || rc=1
   python3 -m oracle report "$out/bench.json" --out "$out/report" || rc=1
+  return $rc
+}
+
+part_sweep() {
   # The tuning sweep for tools/fit_policy.py: forced tiles and kernels beside the choices they inform.
-  W4A16_BENCH_BUDGET_S=${SWEEP_BUDGET_S:-480} "${pytest[@]}" tests/benchmarks/test_matmul.py --benchmark-only \
+  W4A16_BENCH_BUDGET_S=${SWEEP_BUDGET_S:-420} "${pytest[@]}" tests/benchmarks/test_matmul.py --benchmark-only \
     --bench-providers "${SWEEP_PROVIDERS:-triton,skinny,transient,dense,triton@all,skinny@all}" --bench-m "${SWEEP_M:-all}" \
     --bench-shapes "${SWEEP_SHAPES:-default}" --bench-golden "$out/no-golden.json" \
-    --benchmark-json="$out/sweep.json" || rc=1
-  return $rc
+    --benchmark-json="$out/sweep.json"
 }
 
 part_fit() {
   local inputs=()
   for f in "$out/bench.json" "$out/sweep.json"; do [ -e "$f" ] && inputs+=("$f"); done
-  [ ${#inputs[@]} -gt 0 ] || { echo "no $out/bench.json or sweep.json: run the bench part first"; return 1; }
+  [ ${#inputs[@]} -gt 0 ] || { echo "no $out/bench.json or sweep.json: run the bench or sweep part first"; return 1; }
   local device
   device=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['machine_info']['w4a16']['gpu'])" "${inputs[0]}")
   local name
@@ -136,9 +141,10 @@ for part in "$@"; do
     gpu-tests) part_gpu_tests ;;
     sanitize) part_sanitize ;;
     bench) part_bench ;;
+    sweep) part_sweep ;;
     fit) part_fit ;;
     model) part_model ;;
-    *) echo "unknown part $part (parts: parity gpu-tests sanitize bench fit model)"; false ;;
+    *) echo "unknown part $part (parts: parity gpu-tests sanitize bench sweep fit model)"; false ;;
   esac
   rc=$?
   echo "=== $part: exit $rc, $((SECONDS - start)) s"
