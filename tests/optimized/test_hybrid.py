@@ -47,6 +47,9 @@ PLATFORMS = {
                     (False, "Triton runs on CPU only under its interpreter (TRITON_INTERPRET=1)")),
 }
 
+# Where the H200's auto routing stops taking the skinny op.
+H200_SKINNY_MAX_M = dispatch.thresholds_for(PLATFORMS["h200"].name).skinny_max_m
+
 
 def resolved(group_size: int, k: int) -> int:
     return k if group_size == -1 else group_size
@@ -111,14 +114,12 @@ def on(monkeypatch, platform: Platform) -> None:
 
 def expected_impl(platform: Platform, m: int, k: int, group_size: int, has_dense: bool) -> str:
     """The routing rule restated independently of dispatch: the first of PRIORITY that can run
-    the call here and is the fast choice by the measured thresholds. Above MAX_M the skinny op
-    runs only on CUDA and only for K a multiple of TILE_K."""
+    the call here and is the fast choice by the measured thresholds."""
     t = dispatch.thresholds_for(platform.name)
     if has_dense and m >= t.dense_min_m:
         return "dense"
-    skinny_fits = m <= skinny.MAX_M or (platform.kind == "cuda" and k % skinny.TILE_K == 0)
-    if (platform.kind in ("cuda", "rocm") and platform.skinny[0] and m <= t.skinny_max_m and skinny_fits
-            and group_size in skinny.GROUP_SIZES):
+    if (platform.kind in ("cuda", "rocm") and platform.skinny[0] and m <= t.skinny_max_m
+            and not skinny.unfit(m, k, platform.kind == "rocm") and group_size in skinny.GROUP_SIZES):
         return "skinny"
     if platform.kind in ("cuda", "rocm") and platform.triton[0] and m >= t.transient_min_m:
         return "transient"
@@ -252,7 +253,7 @@ def test_forced_impl_that_cannot_run_raises_with_the_reason(ran, monkeypatch, so
 
 
 @pytest.mark.parametrize("source", ("arg", "env"))
-@pytest.mark.parametrize("m", (dispatch.thresholds_for("NVIDIA H200").skinny_max_m + 1, 4096), ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("m", (H200_SKINNY_MAX_M + 1, 4096), ids=lambda m: f"M{m}")
 def test_forced_skinny_runs_above_its_auto_range_on_cuda(ran, monkeypatch, source, m):
     """Above skinny_max_m auto routing never takes skinny, but on CUDA with K % TILE_K == 0 the tile
     kernel can run any M, so forcing it runs skinny (the M-over-limit rows above are the calls it
@@ -329,8 +330,7 @@ def test_routine_routing_is_not_a_warning(ran, monkeypatch, caplog):
     on(monkeypatch, PLATFORMS["h200"])
     dispatch._warn_unavailable.cache_clear()
     caplog.set_level(logging.DEBUG, logger="optimized.hybrid")
-    m = dispatch.thresholds_for("NVIDIA H200").skinny_max_m + 1
-    matmul(torch.zeros(m, 128, dtype=torch.float16), prepared(128, 20, 32, torch.float16, False))
+    matmul(torch.zeros(H200_SKINNY_MAX_M + 1, 128, dtype=torch.float16), prepared(128, 20, 32, torch.float16, False))
     assert [r.name for r in ran] == ["triton"]
     hybrid_records = [r for r in caplog.records if r.name == "optimized.hybrid"]
     assert not [r for r in hybrid_records if r.levelno >= logging.WARNING]
